@@ -1,0 +1,191 @@
+/*
+ * coll.h - the one public header of libcoll, hbmcoll's C core.
+ *
+ * libcoll runs collectives between the processes of one node over a shared
+ * memory segment (memfd, passed between ranks over an abstract Unix socket).
+ *
+ * Conventions (libuv/UCX style):
+ *  - every int function returns 0 on success or a negative code: -errno for a
+ *    system failure, or one of the COLL_E* library codes below;
+ *  - output parameters end in _p, come last and are written only on success;
+ *  - coll_comm_t and coll_req_t are opaque;
+ *  - a communicator is used by one thread at a time (the Python layer holds a
+ *    lock); requests run on the communicator's progress thread.
+ * Nothing here calls abort() or exit(); nothing prints unless logging is on.
+ */
+#ifndef COLL_H
+#define COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+/* Library codes live in a reserved range far from any errno. */
+#define COLL_ERRNO_MAP(XX)                                                        \
+  XX(EMISMATCH, -20001, "ranks disagree on the arguments of a collective")       \
+  XX(EPEERLOST, -20002, "a peer process died or left the communicator")          \
+  XX(EABORTED, -20003, "the communicator was aborted by an earlier failure")     \
+  XX(EINTERRUPTED, -20004, "interrupted by a signal while waiting")              \
+  XX(EBOOTSTRAP, -20005, "ranks could not meet to build the communicator")       \
+  XX(EBADARG, -20006, "invalid argument")                                         \
+  XX(ENOTSUP, -20007, "not supported by this build or environment")
+
+typedef enum {
+#define COLL_ERR_ENUM_(name, value, text) COLL_##name = value,
+  COLL_ERRNO_MAP(COLL_ERR_ENUM_)
+#undef COLL_ERR_ENUM_
+  COLL_ERR_LAST_ = -20008
+} coll_errno_t;
+
+/* Text for any code this library returns (library codes and -errno). */
+const char *coll_strerror(int code);
+/* Short name: "EMISMATCH", "ETIMEDOUT", ... ("UNKNOWN" otherwise). */
+const char *coll_err_name(int code);
+
+/* ---- data types and reduction operators -------------------------------- */
+typedef enum {
+  COLL_INT8 = 0,
+  COLL_UINT8,
+  COLL_INT32,
+  COLL_INT64,
+  COLL_FLOAT16,
+  COLL_BFLOAT16,
+  COLL_FLOAT32,
+  COLL_FLOAT64,
+  COLL_DTYPE_COUNT
+} coll_dtype_t;
+
+typedef enum { COLL_SUM = 0, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG, COLL_OP_COUNT } coll_op_t;
+
+/* Element size in bytes, or 0 for an unknown dtype. */
+size_t coll_dtype_size(coll_dtype_t dtype);
+const char *coll_dtype_name(coll_dtype_t dtype);
+const char *coll_op_name(coll_op_t op);
+
+/* out[i] = op(inputs[0][i], ..., inputs[n-1][i]) for i < count, left to right
+ * over the inputs, so every caller gets the bitwise same result. float16 and
+ * bfloat16 accumulate in float32 and round once. COLL_AVG divides the sum by
+ * `divisor` (integers: truncating division). `out` may alias any input.
+ * Returns 0, or COLL_EBADARG for an unknown dtype/op or ninputs == 0. */
+int coll_reduce_local(coll_dtype_t dtype, coll_op_t op, void *out, const void *const *inputs,
+                      size_t ninputs, size_t count, size_t divisor);
+
+/* ---- communicators ------------------------------------------------------ */
+typedef struct coll_comm coll_comm_t;
+typedef struct coll_req coll_req_t;
+
+/* Called from the slow path of long waits (every ~50 ms) by the thread that
+ * runs the collective; returns non-zero to abandon the wait with
+ * COLL_EINTERRUPTED (the Python layer checks for Ctrl-C here). */
+typedef int (*coll_interrupt_fn)(void *arg);
+
+typedef struct {
+  int rank;               /* this process, 0..size-1 */
+  int size;               /* processes in the communicator, all on this node */
+  const char *job_key;    /* same string on every rank of one job; keeps jobs apart */
+  double timeout_s;       /* deadline for every wait; <= 0: HBMCOLL_TIMEOUT or 60 s */
+} coll_comm_config_t;
+
+/* Collective over `size` processes: build a communicator. Rank 0 creates the
+ * shared segment and listens on an abstract Unix socket named after job_key;
+ * the others connect (retrying until the timeout), prove they are the same
+ * user, and receive the segment's fd. Returns 0 and *comm_p, or
+ * COLL_EBOOTSTRAP (peers never came, or disagree on size or ranks),
+ * COLL_EBADARG, -ENOMEM, or another -errno. */
+int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
+
+/* Collective over `comm`: ranks with the same color form a new communicator,
+ * ordered by (key, old rank). color < 0: this rank joins none and *comm_p is
+ * set to NULL. */
+int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
+
+/* Local: release everything (threads, mappings, fds). Pending requests fail
+ * with COLL_EABORTED. NULL is fine. */
+void coll_comm_free(coll_comm_t *comm);
+
+/* Local: mark the communicator failed for every rank (they leave their waits
+ * with COLL_EABORTED, or `reason` if it is a library code). */
+void coll_comm_abort(coll_comm_t *comm, int reason);
+
+int coll_comm_rank(const coll_comm_t *comm);
+int coll_comm_size(const coll_comm_t *comm);
+void coll_comm_set_interrupt(coll_comm_t *comm, coll_interrupt_fn fn, void *arg);
+/* The first error that failed this communicator (0 while healthy), and a
+ * sentence that says what happened ("rank 3 (pid 123) died", ...). */
+int coll_comm_error(const coll_comm_t *comm, const char **text_p);
+
+/* ---- shared arena (zero-copy buffers) ---------------------------------- */
+/* Local: memory inside this communicator's shared segment, `align`ed (power of
+ * two, <= 4096), from this rank's own part of the arena. Collectives whose
+ * buffers live here skip a copy. -ENOMEM when the arena is full. */
+int coll_arena_alloc(coll_comm_t *comm, size_t bytes, size_t align, void **ptr_p);
+void coll_arena_free(coll_comm_t *comm, void *ptr);
+/* 1 if [ptr, ptr+bytes) lies in this rank's part of the arena. */
+int coll_arena_contains(const coll_comm_t *comm, const void *ptr, size_t bytes);
+
+/* ---- collectives -------------------------------------------------------- */
+typedef enum {
+  COLL_BARRIER = 0,
+  COLL_BCAST,
+  COLL_GATHER,
+  COLL_SCATTER,
+  COLL_ALLGATHER,
+  COLL_REDUCE,
+  COLL_ALLREDUCE,
+  COLL_REDUCE_SCATTER,
+  COLL_ALLTOALL,
+  COLL_KIND_COUNT
+} coll_kind_t;
+
+/* One collective call. `count` is elements per rank contribution:
+ *  bcast:          buf[count] in place (root sends, others receive)
+ *  gather:         send[count] -> recv[size*count] on root (recv unused elsewhere)
+ *  scatter:        send[size*count] on root -> recv[count]
+ *  allgather:      send[count] -> recv[size*count]
+ *  reduce:         send[count] -> recv[count] on root
+ *  allreduce:      send[count] -> recv[count]
+ *  reduce_scatter: send[size*count] -> recv[count]
+ *  alltoall:       send[size*count] -> recv[size*count]
+ * send == recv means in place (where the shapes allow it). */
+typedef struct {
+  coll_kind_t kind;
+  coll_dtype_t dtype;
+  coll_op_t op;
+  int root;
+  size_t count;
+  const void *send;
+  void *recv;
+} coll_args_t;
+
+/* Blocking: runs the collective. Every rank must call the same collectives in
+ * the same order with matching kind, dtype, count, op and root; any
+ * disagreement makes it return COLL_EMISMATCH on every rank. Other returns:
+ * COLL_EPEERLOST, -ETIMEDOUT, COLL_EINTERRUPTED, COLL_EABORTED, COLL_EBADARG.
+ * After any of these the communicator is failed for good. */
+int coll_run(coll_comm_t *comm, const coll_args_t *args);
+
+/* Nonblocking: queue the collective on the communicator's progress thread and
+ * return at once. Buffers must stay valid until the request completes. */
+int coll_start(coll_comm_t *comm, const coll_args_t *args, coll_req_t **req_p);
+/* Wait up to timeout_s (< 0: for ever) for completion. Returns the
+ * collective's result, or -ETIMEDOUT if this wait ran out (the request goes on). */
+int coll_req_wait(coll_req_t *req, double timeout_s);
+/* 1 when complete (*result_p then holds its result), 0 while running. */
+int coll_req_test(coll_req_t *req, int *result_p);
+/* Release a request; waits for it first if it is still running. */
+void coll_req_free(coll_req_t *req);
+
+/* Forced algorithm for a collective kind (also HBMCOLL_ALGO, e.g.
+ * "allreduce=rsag,bcast=flat"): name or NULL for automatic choice. */
+int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name);
+const char *coll_kind_name(coll_kind_t kind);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLL_H */

@@ -1,0 +1,152 @@
+/*
+ * algo_allreduce.c - allreduce, and reduce to a root (same data movement, only
+ * the root keeps the result).
+ *
+ * "flat" (small and medium messages; default up to HBMCOLL_SMALL_MAX): each
+ * round every rank copies the next slot-sized chunk of its input into its
+ * staging slot and publishes; then every rank that wants the result reduces
+ * all P slots in one P-way pass (ranks in order, so all get bitwise the same
+ * answer) straight into its output. One synchronisation per chunk; P-fold
+ * redundant reads, which is cheap while P x chunk stays in cache.
+ *
+ * "rsag" (large): pipelined reduce-scatter + allgather. Each chunk is cut into
+ * P slices (64-byte aligned where possible); rank r reduces slice r of the
+ * chunk from all P slots in one pass and writes the result over its own input
+ * slice (only r reads that region), then, one round later, every rank copies
+ * all P result slices of that chunk into its output while the next chunk is
+ * being reduced. Staging chunks stay in cache, so memory sees about one read
+ * of the input and one write of the output per rank: the 2PN bound.
+ *
+ * Single copy: a rank whose buffers live in the shared arena (hbmcoll.empty)
+ * skips staging; peers read its input, and in rsag find its result slice in
+ * its output, directly. Its descriptor says so (send_off/recv_off), so ranks
+ * may mix. Such a rank returns only when all peers finished reading its
+ * buffers. In flat, an input is read in place only if it does not overlap
+ * the output (peers would otherwise read what the owner is overwriting);
+ * rsag is safe in place because slice owners only ever write their own slice.
+ *
+ * Empty messages still take one round, so disagreements are always caught.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+enum { AR_FLAT = 1, AR_RSAG = 2 };
+
+static size_t ar_slice(int q, int P, size_t n) {
+  if (q >= P) return n;
+  return (n * (size_t)q / (size_t)P) & ~(size_t)15;
+}
+
+static int ar_overlap(const void *a, const void *b, size_t n) {
+  const uint8_t *x = a, *y = b;
+  return x < y + n && y < x + n;
+}
+
+static int ar_flat(coll_comm_t *c, const coll_args_t *a) {
+  size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
+  size_t CE = c->hdr->slot_bytes / es;
+  uint64_t K = a->count ? coll__div_up(a->count, CE) : 1;
+  int me = c->rank, P = c->size, rc;
+  int all = a->kind == COLL_ALLREDUCE, want = all || me == a->root;
+  int reader = all ? -1 : a->root;
+  const uint8_t *send = a->send;
+  uint8_t *recv = a->recv;
+  uint64_t zoff = coll__arena_offset(c, send, nbytes);
+  if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
+  const void *in[P];
+
+  uint64_t t0 = coll__begin_algo(c, a, AR_FLAT, zoff, 0);
+  for (uint64_t k = 0; k < K; k++) {
+    uint64_t t = t0 + k;
+    size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
+    int p = (int)(t & 1);
+    if (!zoff) {
+      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
+      if (n) memcpy(coll__slot(c, me, p), send + off * es, n * es);
+    }
+    coll__publish_arrive(c, t);
+    if (!zoff) coll__slot_release(c, p, t, reader);
+    if (!want) continue;
+    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
+    if (rc) return rc;
+    for (int q = 0; q < P; q++) {
+      uint64_t qoff = coll__desc(c, q)->send_off;
+      in[q] = qoff ? c->base + qoff + off * es : coll__slot(c, q, p);
+    }
+    if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
+    coll__publish_done(c, t);
+  }
+  uint64_t last = t0 + K - 1;
+  c->round = last;
+  if (!want) { /* learn the root's verdict; it may still read my input */
+    if ((rc = coll__wait_done(c, a->root, last)) != 0) return rc;
+    return coll__validate(c, a->root);
+  }
+  return zoff ? coll__wait_all_done(c, last) : 0;
+}
+
+static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
+  size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
+  size_t CE = c->hdr->slot_bytes / es;
+  uint64_t K = coll__div_up(a->count, CE);
+  int me = c->rank, P = c->size, rc;
+  int all = a->kind == COLL_ALLREDUCE, want = all || me == a->root;
+  const uint8_t *send = a->send;
+  uint8_t *recv = a->recv;
+  uint64_t soff = 0, roff = 0;
+  if (all) {
+    soff = coll__arena_offset(c, send, nbytes);
+    roff = coll__arena_offset(c, recv, nbytes);
+    if (!soff || !roff) soff = roff = 0;
+  }
+  int zc = soff != 0;
+  const void *in[P];
+
+  uint64_t t0 = coll__begin_algo(c, a, AR_RSAG, soff, roff);
+  for (uint64_t k = 0; k <= K; k++) {
+    uint64_t t = t0 + k;
+    int p = (int)(t & 1);
+    size_t off = k * CE, n = k < K ? coll__min(CE, a->count - off) : 0;
+    if (k < K && !zc) {
+      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
+      memcpy(coll__slot(c, me, p), send + off * es, n * es);
+    }
+    coll__publish_arrive(c, t);
+    if (k < K && !zc) coll__slot_release(c, p, t + 1, -1);
+    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
+    if (rc) return rc;
+    if (k < K) { /* reduce my slice of chunk k */
+      size_t lo = ar_slice(me, P, n), hi = ar_slice(me + 1, P, n);
+      for (int q = 0; q < P; q++) {
+        uint64_t qoff = coll__desc(c, q)->send_off;
+        in[q] = (qoff ? c->base + qoff + off * es : coll__slot(c, q, p)) + lo * es;
+      }
+      uint8_t *out = zc ? recv + (off + lo) * es : coll__slot(c, me, p) + lo * es;
+      if (hi > lo) coll_reduce_local(a->dtype, a->op, out, in, (size_t)P, hi - lo, (size_t)P);
+    }
+    if (k >= 1 && want) { /* gather the result slices of chunk k-1 */
+      int pj = (int)((t - 1) & 1);
+      size_t offj = (k - 1) * CE, nj = coll__min(CE, a->count - offj);
+      for (int q = 0; q < P; q++) {
+        size_t lo = ar_slice(q, P, nj), hi = ar_slice(q + 1, P, nj);
+        if (hi == lo || (q == me && zc)) continue;
+        uint64_t qoff = coll__desc(c, q)->recv_off;
+        const uint8_t *src = qoff ? c->base + qoff + (offj + lo) * es : coll__slot(c, q, pj) + lo * es;
+        memcpy(recv + (offj + lo) * es, src, (hi - lo) * es);
+      }
+    }
+  }
+  uint64_t last = t0 + K;
+  coll__publish_done(c, last);
+  c->round = last;
+  return zc ? coll__wait_all_done(c, last) : 0;
+}
+
+int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  int algo = c->params.algo[a->kind];
+  if (algo == 0) algo = nbytes <= c->params.small_max ? AR_FLAT : AR_RSAG;
+  if (a->count == 0) algo = AR_FLAT;
+  return algo == AR_RSAG ? ar_rsag(c, a) : ar_flat(c, a);
+}

@@ -1,0 +1,72 @@
+/*
+ * algo_bcast.c - broadcast from the root.
+ *
+ * Round t0: every rank publishes its descriptor; the root compares them all
+ * before any data moves (so every rank gets the same verdict), the others
+ * compare the root's. Then:
+ *  - "flat": the root copies the message through its two staging slots, one
+ *    slot-sized chunk per round (t0+1 .. t0+K); receivers copy each chunk out
+ *    and publish `done`, which lets the root refill that slot two rounds on.
+ *    Copy-in of chunk k+1 overlaps copy-out of chunk k. K >= 1 even for an
+ *    empty message so the round count never depends on the data.
+ *  - "arena": the root's buffer lives in the shared arena (hbmcoll.empty):
+ *    receivers copy straight from it in one round, and the root returns only
+ *    when all have finished reading, since the caller may then change it.
+ * The root's descriptor says which one it chose (send_off != 0: arena), so
+ * receivers follow the root even if a forced algorithm differs between ranks.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  size_t chunk = c->hdr->slot_bytes;
+  uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
+  int root = a->root, rc;
+  uint8_t *buf = a->recv;
+  uint64_t zoff = 0;
+  if (c->rank == root && c->params.algo[COLL_BCAST] != 1)
+    zoff = coll__arena_offset(c, buf, nbytes);
+  uint64_t t0 = coll__begin(c, a, zoff, 0);
+  coll__publish_arrive(c, t0);
+
+  if (c->rank == root) {
+    if ((rc = coll__meet_all(c, t0)) != 0) return rc;
+    if (zoff) {
+      coll__publish_arrive(c, t0 + 1);
+      c->round = t0 + 1;
+      return coll__wait_all_done(c, t0 + 1);
+    }
+    for (uint64_t k = 0; k < K; k++) {
+      uint64_t t = t0 + 1 + k;
+      int p;
+      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
+      size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
+      if (len) memcpy(coll__slot(c, root, p), buf + off, len);
+      coll__publish_arrive(c, t);
+      coll__slot_release(c, p, t, -1);
+    }
+    c->round = t0 + K;
+    return 0;
+  }
+
+  if ((rc = coll__meet(c, root, t0)) != 0) return rc;
+  uint64_t root_off = coll__desc(c, root)->send_off;
+  if (root_off) {
+    if ((rc = coll__wait_arrive(c, root, t0 + 1)) != 0) return rc;
+    if (nbytes) memcpy(buf, c->base + root_off, nbytes);
+    coll__publish_done(c, t0 + 1);
+    c->round = t0 + 1;
+    return 0;
+  }
+  for (uint64_t k = 0; k < K; k++) {
+    uint64_t t = t0 + 1 + k;
+    if ((rc = coll__wait_arrive(c, root, t)) != 0) return rc;
+    size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
+    if (len) memcpy(buf + off, coll__slot(c, root, (int)(t & 1)), len);
+    coll__publish_done(c, t);
+  }
+  c->round = t0 + K;
+  return 0;
+}

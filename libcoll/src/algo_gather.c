@@ -1,0 +1,55 @@
+/*
+ * algo_gather.c - gather to the root ("flat").
+ *
+ * Each non-root copies its contribution through its two staging slots, one
+ * slot-sized chunk per round (t0 .. t0+K-1), and publishes its arrival; the
+ * root compares every descriptor at t0, copies chunk k of every rank into
+ * place and publishes `done`, which frees that slot for chunk k+2. Non-roots
+ * finish by waiting for the root's last `done`: so they learn of a
+ * disagreement the root found, and never return while the root still reads.
+ * The root's own part is a local copy.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+int coll__gather(coll_comm_t *c, const coll_args_t *a) {
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  size_t chunk = c->hdr->slot_bytes;
+  uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
+  int root = a->root, me = c->rank, rc;
+  const uint8_t *send = a->send;
+  uint64_t t0 = coll__begin(c, a, 0, 0);
+
+  if (me != root) {
+    for (uint64_t k = 0; k < K; k++) {
+      uint64_t t = t0 + k;
+      int p;
+      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
+      size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
+      if (len) memcpy(coll__slot(c, me, p), send + off, len);
+      coll__publish_arrive(c, t);
+      coll__slot_release(c, p, t, root);
+    }
+    c->round = t0 + K - 1;
+    if ((rc = coll__wait_done(c, root, t0 + K - 1)) != 0) return rc;
+    return coll__validate(c, root);
+  }
+
+  coll__publish_arrive(c, t0);
+  uint8_t *recv = a->recv;
+  if (nbytes && recv + (size_t)me * nbytes != send) memmove(recv + (size_t)me * nbytes, send, nbytes);
+  for (uint64_t k = 0; k < K; k++) {
+    uint64_t t = t0 + k;
+    size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
+    for (int i = 1; i < c->size; i++) {
+      int q = (me + i) % c->size;
+      rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
+      if (rc) return rc;
+      if (len) memcpy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
+    }
+    coll__publish_done(c, t);
+  }
+  c->round = t0 + K - 1;
+  return 0;
+}

@@ -1,0 +1,53 @@
+/*
+ * algo_scatter.c - scatter from the root ("flat").
+ *
+ * Round t0 carries only descriptors; the root compares them all before any
+ * data moves. Each later round the root fills its staging slot with the next
+ * piece (slot/P bytes, 64-byte aligned) of every rank's block, side by side,
+ * and each rank copies its own piece out and publishes `done`. The root's own
+ * block is a local copy.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+int coll__scatter(coll_comm_t *c, const coll_args_t *a) {
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  size_t piece = (c->hdr->slot_bytes / (size_t)c->size) & ~(size_t)63;
+  uint64_t K = nbytes ? coll__div_up(nbytes, piece) : 1;
+  int root = a->root, me = c->rank, rc;
+  uint64_t t0 = coll__begin(c, a, 0, 0);
+  coll__publish_arrive(c, t0);
+
+  if (me == root) {
+    if ((rc = coll__meet_all(c, t0)) != 0) return rc;
+    const uint8_t *send = a->send;
+    if (nbytes && (uint8_t *)a->recv != send + (size_t)me * nbytes)
+      memmove(a->recv, send + (size_t)me * nbytes, nbytes);
+    for (uint64_t k = 0; k < K; k++) {
+      uint64_t t = t0 + 1 + k;
+      int p;
+      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
+      size_t off = k * piece, len = coll__min(piece, nbytes - off);
+      uint8_t *slot = coll__slot(c, me, p);
+      for (int q = 0; q < c->size && len; q++)
+        if (q != me) memcpy(slot + (size_t)q * piece, send + (size_t)q * nbytes + off, len);
+      coll__publish_arrive(c, t);
+      coll__slot_release(c, p, t, -1);
+    }
+    c->round = t0 + K;
+    return 0;
+  }
+
+  if ((rc = coll__meet(c, root, t0)) != 0) return rc;
+  uint8_t *recv = a->recv;
+  for (uint64_t k = 0; k < K; k++) {
+    uint64_t t = t0 + 1 + k;
+    if ((rc = coll__wait_arrive(c, root, t)) != 0) return rc;
+    size_t off = k * piece, len = coll__min(piece, nbytes - off);
+    if (len) memcpy(recv + off, coll__slot(c, root, (int)(t & 1)) + (size_t)me * piece, len);
+    coll__publish_done(c, t);
+  }
+  c->round = t0 + K;
+  return 0;
+}

@@ -1,0 +1,207 @@
+/*
+ * comm.c - creating, splitting and freeing communicators.
+ *
+ * Rank 0 sizes and creates the segment, writes the header and pre-faults the
+ * control and staging areas (so a full node shows up now, not as SIGBUS
+ * later); the bootstrap hands the fd to the others, who map it by its size
+ * and check the header. Then each rank records its pid and CPU mask, and a
+ * barrier makes sure everyone is mapped before the first collective.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define COMM_PAGE 4096
+#define COMM_ALIGN(x, a) (((x) + (a)-1) & ~(size_t)((a)-1))
+
+static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
+  h->magic = COLL_SEG_MAGIC;
+  h->size = size;
+  h->ctl_off = COMM_PAGE;
+  h->slot_off = COMM_ALIGN(h->ctl_off + (size_t)size * sizeof(coll__ctl_t), COMM_PAGE);
+  h->slot_bytes = p->slot_bytes;
+  size_t arena_off = h->slot_off + (size_t)size * 2 * p->slot_bytes;
+  h->arena_off = COMM_ALIGN(arena_off, (size_t)2 << 20); /* huge-page friendly */
+  h->arena_bytes = p->arena_bytes;
+  h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
+}
+
+static int comm_map_segment(coll_comm_t *c) {
+  struct stat st;
+  if (fstat(c->fd, &st) != 0) return -errno;
+  int rc = coll__segment_map(c->fd, (size_t)st.st_size, &c->base);
+  if (rc) return rc;
+  c->map_bytes = (size_t)st.st_size;
+  c->hdr = (coll__header_t *)c->base;
+  if (c->hdr->magic != COLL_SEG_MAGIC || c->hdr->size != c->size ||
+      c->hdr->total_bytes != c->map_bytes)
+    return COLL_EBOOTSTRAP;
+  c->ctl = (coll__ctl_t *)(c->base + c->hdr->ctl_off);
+  return 0;
+}
+
+static int comm_fail_local(coll_comm_t *c, int code, const char *what) {
+  c->error = code;
+  snprintf(c->error_text, sizeof c->error_text, "%s: %s", what, coll_strerror(code));
+  return code;
+}
+
+static void comm_record_identity(coll_comm_t *c) {
+  coll__ctl_t *me = &c->ctl[c->rank];
+  me->pid = (int32_t)getpid();
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int cpu = 0; cpu < 1024 && cpu < CPU_SETSIZE; cpu++)
+      if (CPU_ISSET(cpu, &set)) me->cpumask[cpu / 64] |= 1ull << (cpu % 64);
+}
+
+/* Creation may fail half way; *comm_p gets a communicator either way so the
+ * caller can read the error text, and must free it. */
+static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
+  int rc;
+  coll__params_load(&c->params);
+  if (cfg->timeout_s > 0) c->params.timeout_s = cfg->timeout_s;
+  c->fd = -1;
+  c->rank = cfg->rank;
+  c->size = cfg->size;
+  c->slot_reader[0] = c->slot_reader[1] = -1;
+  c->key = strdup(cfg->job_key);
+  c->seen_done = calloc((size_t)cfg->size, sizeof *c->seen_done);
+  c->pidfd = malloc((size_t)cfg->size * sizeof *c->pidfd);
+  if (!c->key || !c->seen_done || !c->pidfd) return comm_fail_local(c, -ENOMEM, "out of memory");
+  for (int r = 0; r < c->size; r++) c->pidfd[r] = -1;
+
+  if (c->rank == 0) {
+    coll__header_t h;
+    memset(&h, 0, sizeof h);
+    comm_layout(&h, c->size, &c->params);
+    if ((rc = coll__segment_create(h.total_bytes, &c->fd)) != 0)
+      return comm_fail_local(c, rc, "could not create the shared segment (memfd_create)");
+    if ((rc = coll__segment_map(c->fd, h.total_bytes, &c->base)) != 0)
+      return comm_fail_local(c, rc, "could not map the shared segment");
+    c->map_bytes = h.total_bytes;
+    c->hdr = (coll__header_t *)c->base;
+    memcpy(c->hdr, &h, sizeof h);
+    c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);
+    coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
+  }
+  char err[COLL_TEXT_MAX] = "";
+  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, err, sizeof err);
+  if (rc) {
+    c->error = rc == -ETIMEDOUT || rc == COLL_EBOOTSTRAP ? COLL_EBOOTSTRAP : rc;
+    snprintf(c->error_text, sizeof c->error_text, "%s", err[0] ? err : coll_strerror(rc));
+    return c->error;
+  }
+  if (c->rank != 0 && (rc = comm_map_segment(c)) != 0)
+    return comm_fail_local(c, rc, "could not map the segment rank 0 sent");
+  comm_record_identity(c);
+  if ((rc = coll__arena_init(c)) != 0) return comm_fail_local(c, rc, "arena");
+  c->spin_iters = c->params.spin_iters;
+  if (c->spin_iters < 0) c->spin_iters = 20000; /* until every rank's CPU mask is known */
+  coll_args_t barrier = {.kind = COLL_BARRIER};
+  if ((rc = coll__execute(c, &barrier)) != 0) return rc;
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) c->pidfd[r] = (int)syscall(SYS_pidfd_open, c->ctl[r].pid, 0);
+  if (c->params.spin_iters < 0) c->spin_iters = coll__job_cpus(c) >= c->size ? 20000 : 64;
+  return 0;
+}
+
+int coll_comm_create(const coll_comm_config_t *cfg, coll_comm_t **comm_p) {
+  if (cfg == NULL || comm_p == NULL || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size ||
+      cfg->job_key == NULL || cfg->job_key[0] == '\0')
+    return COLL_EBADARG;
+  coll_comm_t *c = calloc(1, sizeof *c);
+  if (c == NULL) return -ENOMEM;
+  int rc = comm_create(cfg, c);
+  *comm_p = c; /* even on failure: coll_comm_error() says why; free it */
+  return rc;
+}
+
+typedef struct {
+  int32_t color, key, rank;
+} comm_member_t;
+
+static int comm_member_cmp(const void *x, const void *y) {
+  const comm_member_t *a = x, *b = y;
+  if (a->key != b->key) return a->key < b->key ? -1 : 1;
+  return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
+  if (c == NULL || comm_p == NULL) return COLL_EBADARG;
+  comm_member_t mine = {color < 0 ? -1 : color, key, c->rank};
+  comm_member_t *all = calloc((size_t)c->size, sizeof *all);
+  if (all == NULL) return -ENOMEM;
+  coll_args_t a = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .count = 3, .send = &mine, .recv = all};
+  int rc = coll_run(c, &a);
+  uint64_t split_no = ++c->splits;
+  if (rc || color < 0) {
+    free(all);
+    if (rc == 0) *comm_p = NULL;
+    return rc;
+  }
+  int n = 0;
+  for (int r = 0; r < c->size; r++)
+    if (all[r].color == color) all[n++] = all[r];
+  qsort(all, (size_t)n, sizeof *all, comm_member_cmp);
+  int newrank = 0;
+  for (int i = 0; i < n; i++)
+    if (all[i].rank == c->rank) newrank = i;
+  free(all);
+  char subkey[200];
+  snprintf(subkey, sizeof subkey, "%.150s/s%llu.%d", c->key, (unsigned long long)split_no, color);
+  coll_comm_config_t cfg = {.rank = newrank, .size = n, .job_key = subkey,
+                            .timeout_s = c->params.timeout_s};
+  return coll_comm_create(&cfg, comm_p);
+}
+
+void coll_comm_free(coll_comm_t *c) {
+  if (c == NULL) return;
+  coll__worker_stop(c);
+  coll__arena_destroy(c);
+  if (c->base) munmap(c->base, c->map_bytes);
+  if (c->fd >= 0) close(c->fd);
+  if (c->pidfd)
+    for (int r = 0; r < c->size; r++)
+      if (c->pidfd[r] >= 0) close(c->pidfd[r]);
+  free(c->pidfd);
+  free(c->seen_done);
+  free(c->key);
+  free(c);
+}
+
+void coll_comm_abort(coll_comm_t *c, int reason) {
+  if (c == NULL) return;
+  if (reason >= 0 || reason <= COLL_ERR_LAST_) reason = COLL_EABORTED;
+  if (c->hdr == NULL) {
+    c->error = reason;
+    return;
+  }
+  coll__fail(c, reason, "rank %d aborted the communicator", c->rank);
+}
+
+int coll_comm_rank(const coll_comm_t *c) { return c ? c->rank : -1; }
+int coll_comm_size(const coll_comm_t *c) { return c ? c->size : -1; }
+
+void coll_comm_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg) {
+  c->interrupt_fn = fn;
+  c->interrupt_arg = arg;
+}
+
+int coll_comm_error(const coll_comm_t *c, const char **text_p) {
+  if (c == NULL) return COLL_EBADARG;
+  if (text_p) *text_p = c->error_text;
+  return c->error;
+}

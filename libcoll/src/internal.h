@@ -1,0 +1,195 @@
+/*
+ * internal.h - private structures of libcoll shared by its .c files.
+ *
+ * The shared segment (one memfd per communicator) is laid out as
+ *
+ *   [ header | ctl[0..P-1] | slots: P x 2 parities x slot_bytes | arena: P x arena_bytes ]
+ *
+ * ctl[r] is written only by rank r (single writer), except `sleepers`, which
+ * waiters bump before they sleep on r's futex word. Every collective walks
+ * through numbered "rounds"; a rank publishes `arrive = t` when its data for
+ * round t is in place and `done = t` when it has finished reading what
+ * others published for round t. Both only grow, so no flag is ever cleared
+ * and there is no ABA.
+ */
+#ifndef COLL_INTERNAL_H
+#define COLL_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+#define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3031ull /* "hbcoll01" */
+#define COLL_TEXT_MAX 256
+
+/* What a rank says it is calling; peers compare it before moving data. */
+typedef struct {
+  uint64_t seq;   /* collective number on this communicator, from 1 */
+  uint64_t count;
+  int32_t kind;
+  int32_t dtype;
+  int32_t op;
+  int32_t root;
+  int32_t algo; /* the algorithm this rank picked: must agree too */
+  int32_t pad;
+  uint64_t send_off; /* segment offset of the send buffer if it is in the arena, else 0 */
+  uint64_t recv_off; /* same for the receive buffer */
+} coll__desc_t;
+
+typedef struct {
+  /* line 0: polled by peers */
+  _Atomic uint64_t arrive;
+  _Atomic uint64_t done;
+  coll__desc_t desc[2]; /* by seq & 1: never overwritten while a peer may read it */
+  /* line 1: sleeping and identity */
+  _Alignas(COLL_LINE) _Atomic uint32_t wake; /* bumped after every publish; futex word */
+  _Atomic uint32_t sleepers; /* waiters asleep on `wake` */
+  int32_t pid;
+  /* lines 2-3: written once at creation */
+  _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
+} coll__ctl_t;
+_Static_assert(offsetof(coll__ctl_t, wake) == COLL_LINE, "flags and descriptors fill one line pair");
+
+typedef struct {
+  uint64_t magic;
+  int32_t size;
+  int32_t pad;
+  uint64_t ctl_off, slot_off, slot_bytes, arena_off, arena_bytes, total_bytes;
+  /* failure state shared by all ranks: first writer wins */
+  _Atomic int32_t abort_code;
+  _Atomic int32_t abort_rank;
+  _Atomic int32_t abort_ready; /* text below is complete */
+  char abort_text[COLL_TEXT_MAX];
+} coll__header_t;
+
+/* tunables, parsed once from HBMCOLL_* (param.c) */
+typedef struct {
+  double timeout_s;
+  size_t slot_bytes;        /* per rank per parity */
+  size_t arena_bytes;       /* per rank */
+  size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
+  long spin_iters;          /* <0: automatic from cores vs ranks */
+  int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
+} coll__params_t;
+
+typedef struct coll__arena coll__arena_t;
+typedef struct coll__worker coll__worker_t;
+
+struct coll_comm {
+  int rank, size;
+  char *key;
+  coll__params_t params;
+  /* mapping */
+  int fd;
+  uint8_t *base;
+  size_t map_bytes;
+  coll__header_t *hdr;
+  coll__ctl_t *ctl;
+  /* round and collective counters: advance identically on every rank */
+  uint64_t round;
+  uint64_t seq;
+  uint64_t splits;
+  uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
+  int slot_reader[2];         /* the one reader of slot[p], or -1 for all */
+  uint64_t *seen_done;        /* per peer: done >= this is known */
+  int *pidfd;                 /* per peer, -1 if none */
+  long spin_iters;
+  /* interrupt check, only for inline (caller thread) runs */
+  coll_interrupt_fn interrupt_fn;
+  void *interrupt_arg;
+  int allow_interrupt;
+  /* local failure record (also for errors found before the header exists) */
+  int error;
+  char error_text[COLL_TEXT_MAX];
+  coll__arena_t *arena;
+  coll__worker_t *worker;
+};
+
+/* ---- param.c ---- */
+void coll__params_load(coll__params_t *params);
+int coll__algo_id(coll_kind_t kind, const char *name); /* >0, or COLL_EBADARG */
+
+/* ---- shm.c ---- */
+int coll__segment_create(size_t bytes, int *fd_p);
+int coll__segment_map(int fd, size_t bytes, uint8_t **base_p);
+void coll__segment_prefault(void *addr, size_t bytes);
+
+/* ---- bootstrap.c ---- */
+/* Rank 0 listens and sends `fd` to every other rank; others receive it. */
+int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
+                    char *err, size_t errlen);
+
+/* ---- sync.c ---- */
+static inline uint8_t *coll__slot(coll_comm_t *c, int r, int parity) {
+  return c->base + c->hdr->slot_off + ((size_t)r * 2 + (size_t)parity) * c->hdr->slot_bytes;
+}
+void coll__publish_arrive(coll_comm_t *c, uint64_t round);
+void coll__publish_done(coll_comm_t *c, uint64_t round);
+int coll__wait_arrive(coll_comm_t *c, int peer, uint64_t round);
+int coll__wait_done(coll_comm_t *c, int peer, uint64_t round);
+int coll__wait_all_arrive(coll_comm_t *c, uint64_t round);
+int coll__wait_all_done(coll_comm_t *c, uint64_t round);
+/* My slot for data published in `round` is slot[round & 1]; waits until its
+ * readers finished with what it held before. */
+int coll__slot_acquire(coll_comm_t *c, uint64_t round, int *parity_p);
+/* Say who reads my slot[parity] (-1: everyone) and in which round they finish. */
+static inline void coll__slot_release(coll_comm_t *c, int parity, uint64_t round, int reader) {
+  c->slot_last_read[parity] = round;
+  c->slot_reader[parity] = reader;
+}
+/* Record a failure for every rank; returns the code to hand back. */
+int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int coll__check_abort(coll_comm_t *c);
+/* 0 while healthy, else the failure code (the same on every rank). */
+static inline int coll__aborted(coll_comm_t *c) {
+  return atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) ? coll__check_abort(c) : 0;
+}
+void coll__wake_all(coll_comm_t *c);
+
+
+/* ---- collective.c ---- */
+/* Start a collective: fills my descriptor, returns the first round number. */
+uint64_t coll__begin(coll_comm_t *c, const coll_args_t *a, uint64_t send_off, uint64_t recv_off);
+/* The same with the algorithm id recorded, for collectives that choose one. */
+uint64_t coll__begin_algo(coll_comm_t *c, const coll_args_t *a, int algo, uint64_t send_off,
+                          uint64_t recv_off);
+static inline const coll__desc_t *coll__desc(coll_comm_t *c, int r) {
+  return &c->ctl[r].desc[c->seq & 1];
+}
+int coll__check_args(const coll_comm_t *c, const coll_args_t *a);
+int coll__run_ordered(coll_comm_t *c, const coll_args_t *a);
+/* Wait for every peer's arrival at the first round t0 and compare descriptors. */
+int coll__meet_all(coll_comm_t *c, uint64_t t0);
+/* Wait for one peer's arrival at t0 and compare its descriptor. */
+int coll__meet(coll_comm_t *c, int peer, uint64_t t0);
+static inline size_t coll__min(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+/* Compare a peer's descriptor (it has arrived at the collective's first round). */
+int coll__validate(coll_comm_t *c, int peer);
+int coll__execute(coll_comm_t *c, const coll_args_t *a);
+
+/* ---- algorithms: algo_*.c (0 or negative code) ---- */
+int coll__barrier(coll_comm_t *c, const coll_args_t *a);
+int coll__bcast(coll_comm_t *c, const coll_args_t *a);
+int coll__gather(coll_comm_t *c, const coll_args_t *a);
+int coll__scatter(coll_comm_t *c, const coll_args_t *a);
+int coll__allgather(coll_comm_t *c, const coll_args_t *a);
+int coll__allreduce(coll_comm_t *c, const coll_args_t *a); /* also reduce */
+int coll__reduce_scatter(coll_comm_t *c, const coll_args_t *a);
+int coll__alltoall(coll_comm_t *c, const coll_args_t *a);
+
+/* ---- arena.c ---- */
+int coll__arena_init(coll_comm_t *c);
+void coll__arena_destroy(coll_comm_t *c);
+/* segment offset of ptr if [ptr, ptr+bytes) is in my arena, else 0 */
+uint64_t coll__arena_offset(const coll_comm_t *c, const void *ptr, size_t bytes);
+long coll__job_cpus(coll_comm_t *c); /* CPUs usable by the job (masks, quota) */
+
+/* ---- request.c ---- */
+void coll__worker_stop(coll_comm_t *c);
+
+#endif /* COLL_INTERNAL_H */

@@ -1,0 +1,169 @@
+/*
+ * request.c - nonblocking collectives. Each communicator gets, on first use,
+ * one progress thread that runs queued collectives in order. A blocking call
+ * runs in the caller's thread when nothing is queued (no hand-off latency),
+ * and otherwise joins the queue so the order stays the one the user wrote.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "internal.h"
+
+struct coll_req {
+  coll_comm_t *comm;
+  coll_args_t args;
+  int finished;
+  int result;
+  coll_req_t *next;
+};
+
+struct coll__worker {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t work;     /* queue not empty, or stop */
+  pthread_cond_t finished; /* some request finished */
+  coll_req_t *head, *tail;
+  int pending; /* queued or running */
+  int stop;
+};
+
+static void *worker_main(void *arg) {
+  coll_comm_t *c = arg;
+  coll__worker_t *w = c->worker;
+  pthread_mutex_lock(&w->lock);
+  for (;;) {
+    while (!w->stop && w->head == NULL) pthread_cond_wait(&w->work, &w->lock);
+    if (w->head == NULL) break;
+    coll_req_t *r = w->head;
+    int stopping = w->stop;
+    w->head = r->next;
+    if (w->head == NULL) w->tail = NULL;
+    pthread_mutex_unlock(&w->lock);
+    int rc = stopping ? COLL_EABORTED : coll__execute(c, &r->args);
+    pthread_mutex_lock(&w->lock);
+    r->result = rc;
+    r->finished = 1;
+    w->pending--;
+    pthread_cond_broadcast(&w->finished);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return NULL;
+}
+
+static int worker_get(coll_comm_t *c) {
+  if (c->worker) return 0;
+  coll__worker_t *w = calloc(1, sizeof *w);
+  if (w == NULL) return -ENOMEM;
+  pthread_mutex_init(&w->lock, NULL);
+  pthread_cond_init(&w->work, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->finished, &ca);
+  pthread_condattr_destroy(&ca);
+  c->worker = w;
+  int rc = pthread_create(&w->thread, NULL, worker_main, c);
+  if (rc != 0) {
+    c->worker = NULL;
+    free(w);
+    return -rc;
+  }
+  return 0;
+}
+
+void coll__worker_stop(coll_comm_t *c) {
+  coll__worker_t *w = c->worker;
+  if (w == NULL) return;
+  pthread_mutex_lock(&w->lock);
+  w->stop = 1; /* queued requests finish with COLL_EABORTED */
+  pthread_cond_signal(&w->work);
+  pthread_mutex_unlock(&w->lock);
+  pthread_join(w->thread, NULL);
+  pthread_mutex_destroy(&w->lock);
+  pthread_cond_destroy(&w->work);
+  pthread_cond_destroy(&w->finished);
+  free(w);
+  c->worker = NULL;
+}
+
+int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
+  if (c == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
+  int rc = coll__check_args(c, a);
+  if (rc) return rc;
+  if (c->error) return c->error;
+  if ((rc = worker_get(c)) != 0) return rc;
+  coll_req_t *r = calloc(1, sizeof *r);
+  if (r == NULL) return -ENOMEM;
+  r->comm = c;
+  r->args = *a;
+  coll__worker_t *w = c->worker;
+  pthread_mutex_lock(&w->lock);
+  if (w->tail) w->tail->next = r;
+  else w->head = r;
+  w->tail = r;
+  w->pending++;
+  pthread_cond_signal(&w->work);
+  pthread_mutex_unlock(&w->lock);
+  *req_p = r;
+  return 0;
+}
+
+int coll_req_wait(coll_req_t *r, double timeout_s) {
+  if (r == NULL) return COLL_EBADARG;
+  coll__worker_t *w = r->comm->worker;
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  if (timeout_s >= 0) {
+    double whole = (double)(long)timeout_s;
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&w->lock);
+  int rc = 0;
+  while (!r->finished && rc == 0)
+    rc = timeout_s < 0 ? pthread_cond_wait(&w->finished, &w->lock)
+                       : pthread_cond_timedwait(&w->finished, &w->lock, &until);
+  int result = r->finished ? r->result : -ETIMEDOUT;
+  pthread_mutex_unlock(&w->lock);
+  return result;
+}
+
+int coll_req_test(coll_req_t *r, int *result_p) {
+  if (r == NULL) return COLL_EBADARG;
+  coll__worker_t *w = r->comm->worker;
+  pthread_mutex_lock(&w->lock);
+  int fin = r->finished;
+  if (fin && result_p) *result_p = r->result;
+  pthread_mutex_unlock(&w->lock);
+  return fin;
+}
+
+void coll_req_free(coll_req_t *r) {
+  if (r == NULL) return;
+  coll_req_wait(r, -1);
+  free(r);
+}
+
+int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
+  coll__worker_t *w = c->worker;
+  int queued = 0;
+  if (w) {
+    pthread_mutex_lock(&w->lock);
+    queued = w->pending;
+    pthread_mutex_unlock(&w->lock);
+  }
+  if (!queued) {
+    c->allow_interrupt = 1;
+    int rc = coll__execute(c, a);
+    c->allow_interrupt = 0;
+    return rc;
+  }
+  coll_req_t *r;
+  int rc = coll_start(c, a, &r);
+  if (rc) return rc;
+  rc = coll_req_wait(r, -1);
+  free(r);
+  return rc;
+}
