@@ -136,9 +136,9 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
         memcpy(recv + (offj + lo) * es, src, (hi - lo) * es);
       }
     }
+    coll__publish_done(c, t); /* peers refill the slots I read once they see this */
   }
   uint64_t last = t0 + K;
-  coll__publish_done(c, last);
   c->round = last;
   return zc ? coll__wait_all_done(c, last) : 0;
 }

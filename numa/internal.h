@@ -1,0 +1,127 @@
+/*
+ * internal.h - private structures of numa/ (topology facts, plans, contexts).
+ *
+ * The topology struct is plain data copied out of hwloc, so that plan.c is a
+ * pure function of it and never calls hwloc; the hwloc handle is kept only
+ * for binding this machine.
+ */
+#ifndef COLL_NUMA_INTERNAL_H
+#define COLL_NUMA_INTERNAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "coll_numa.h"
+
+/* Memory modes reported. */
+typedef enum {
+  COLL_NUMA_MODE_NONE = 0, /* no HBM node and no memory-side cache */
+  COLL_NUMA_MODE_FLAT,     /* HBM nodes, no memory-side cache */
+  COLL_NUMA_MODE_CACHE,    /* memory-side cache only: HBM is transparent */
+  COLL_NUMA_MODE_HYBRID    /* both */
+} coll_numa_mode_t;
+
+/* locality of a node for a cluster */
+enum { COLL_NUMA_LOC_NONE = 0, COLL_NUMA_LOC_WIDER = 1, COLL_NUMA_LOC_SAME = 2 };
+
+typedef struct {
+  unsigned os_index;
+  uint64_t size;       /* bytes (hwloc local_memory) */
+  uint64_t free;       /* bytes free at discovery (this machine only); 0: unknown */
+  uint64_t bandwidth;  /* hwloc Bandwidth memattr from its own locality, MiB/s; 0: unknown */
+  char subtype[16];    /* hwloc subtype ("MCDRAM", "HBM", ...) or "" */
+  int package;         /* index in the topology's package list, -1 when none */
+  int behind_memcache; /* a memory-side cache sits in front of it */
+  char cpus[64];       /* its locality as a list ("0-15"), for the report */
+  unsigned char *loc;  /* [nclusters] COLL_NUMA_LOC_* */
+} coll_numa_node_t;
+
+typedef struct {
+  int npus;
+  unsigned *pus; /* OS indices, hwloc logical order */
+} coll_numa_core_t;
+
+typedef struct {
+  int package;             /* -1 when none */
+  int ncores;
+  coll_numa_core_t *cores; /* logical order */
+} coll_numa_cluster_t;
+
+struct coll_numa_topo {
+  char source[256];        /* "this machine" or the path */
+  int thissystem;          /* 1: loaded from this machine and bindable */
+  char memory_mode[32];    /* hwloc info MemoryMode ("" absent) */
+  char cluster_mode[32];   /* hwloc info ClusterMode ("" absent) */
+  int nmemcaches;          /* memory-side caches (MemCache, or L3 subtype MemorySideCache) */
+  uint64_t memcache_bytes; /* their total size */
+  int npackages;
+  int nnodes;
+  coll_numa_node_t *nodes; /* sorted by os_index */
+  int nclusters;
+  coll_numa_cluster_t *clusters;
+  void *hwloc; /* hwloc_topology_t, for binding (NULL when not loaded from here) */
+};
+
+/* A placement decision for one buffer. */
+typedef struct {
+  int mode;       /* MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE */
+  int cluster;    /* cluster it is for */
+  int nnodes;
+  unsigned nodes[64]; /* OS indices */
+  int is_hbm;     /* the node(s) are HBM */
+} coll_numa_place_t;
+
+typedef struct {
+  int cluster; /* index in topo->clusters */
+  int core;    /* index in that cluster's cores */
+  int pu;      /* OS index, -1 with bind none */
+  coll_numa_place_t buf;
+} coll_numa_rank_t;
+
+#define COLL_NUMA_NOTES_MAX 1024
+
+struct coll_numa_plan {
+  coll_numa_policy_t policy;
+  coll_numa_memory_t effective; /* policy after auto and fallbacks */
+  coll_numa_mode_t mode;
+  int nhbm;
+  unsigned *hbm;      /* OS indices, sorted */
+  char *is_hbm;       /* [topo->nnodes] */
+  int *cl_hbm;        /* [nclusters] node index of its HBM node, -1 */
+  int *cl_ddr;        /* [nclusters] node index of its DDR node, -1 */
+  int nranks;
+  coll_numa_rank_t *ranks;
+  char notes[COLL_NUMA_NOTES_MAX]; /* lines ending in '\n' */
+};
+
+struct coll_numa_ctx {
+  coll_numa_topo_t *topo;
+  coll_numa_plan_t *plan;
+  int local_rank;
+  int mbind_ok;          /* 0 once mbind was refused */
+  int mbind_refusal_told;
+  void *scratch_kind_;   /* memkind_t for scratch buffers, NULL: mmap + mbind */
+  char notice[512];
+  char notes[COLL_NUMA_NOTES_MAX]; /* every fallback so far, lines */
+};
+
+/* plan.c */
+int coll__numa_place_for(const coll_numa_topo_t *topo, const coll_numa_plan_t *plan, int cluster,
+                         coll_numa_place_t *place_p);
+int coll__numa_segment_cluster(const coll_numa_plan_t *plan, const int *user_ranks, int nusers);
+const char *coll__numa_mode_name(coll_numa_mode_t mode);
+void coll__numa_addnote(char *notes, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* report.c: growable string */
+typedef struct {
+  char *buf;
+  size_t len, cap;
+  int oom;
+} coll_numa_str_t;
+void coll__numa_str_add(coll_numa_str_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* discover.c */
+uint64_t coll__numa_node_free_now(unsigned os_index); /* from /sys, 0: unknown */
+
+#endif /* COLL_NUMA_INTERNAL_H */

@@ -1,0 +1,535 @@
+/*
+ * _core.c - the hbmcoll._core extension: module state with the exception
+ * types, the Comm type wrapping a libcoll communicator, and the one function
+ * that maps libcoll codes to Python exceptions (multi-phase init, heap types).
+ *
+ * GIL rule: buffers are acquired and arguments checked with the GIL held;
+ * every call that can block runs between Py_BEGIN/END_ALLOW_THREADS and
+ * touches no Python object; errors are mapped after the GIL is back. Waits
+ * call hb_interrupt every few tens of ms, which takes the GIL just long
+ * enough to run Python's signal handlers, so Ctrl-C ends a stuck collective.
+ */
+#include "core.h"
+
+#include <errno.h>
+
+static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
+
+PyObject *hb_raise(hb_state_t *st, int code, const char *text) {
+  const char *msg = (text && *text) ? text : coll_strerror(code);
+  switch (code) {
+  case COLL_EMISMATCH: PyErr_SetString(st->MismatchError, msg); break;
+  case COLL_EPEERLOST: PyErr_SetString(st->PeerLostError, msg); break;
+  case COLL_EBADARG: PyErr_SetString(PyExc_ValueError, msg); break;
+  case -ENOMEM: PyErr_SetString(PyExc_MemoryError, msg); break;
+  case -ETIMEDOUT: PyErr_SetString(st->TimeoutError, msg); break;
+  default:
+    if (code < 0 && code > -4096) {
+      PyObject *args = Py_BuildValue("(is)", -code, msg);
+      if (args) PyErr_SetObject(PyExc_OSError, args);
+      Py_XDECREF(args);
+    } else {
+      PyObject *exc = PyObject_CallFunction(st->Error, "s", msg);
+      if (exc) {
+        PyObject *c = PyLong_FromLong(code);
+        if (c) PyObject_SetAttrString(exc, "code", c);
+        Py_XDECREF(c);
+        PyErr_SetObject(st->Error, exc);
+        Py_DECREF(exc);
+      }
+    }
+  }
+  return NULL;
+}
+
+/* Called by libcoll from long waits in the caller's thread. */
+static int hb_interrupt(void *arg) {
+  (void)arg;
+  PyGILState_STATE g = PyGILState_Ensure();
+  int rc = PyErr_CheckSignals(); /* leaves the exception set on this thread */
+  PyGILState_Release(g);
+  return rc < 0;
+}
+
+int hb_comm_lock(hb_comm_t *self) {
+  if (self->comm == NULL) {
+    PyErr_SetString(self->state->Error, "the communicator is closed");
+    return -1;
+  }
+  if (!PyThread_acquire_lock(self->lock, 0)) { /* the _bz2 way: never block holding the GIL */
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, 1);
+    Py_END_ALLOW_THREADS
+  }
+  if (self->comm == NULL) {
+    PyThread_release_lock(self->lock);
+    PyErr_SetString(self->state->Error, "the communicator is closed");
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *hb_comm_error(hb_comm_t *self, int rc) {
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
+  const char *text = NULL;
+  int code = coll_comm_error(self->comm, &text);
+  return hb_raise(self->state, rc, code == rc ? text : NULL);
+}
+
+/* ---- Comm ---------------------------------------------------------------- */
+
+static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *names[] = {"rank", "size", "key", "timeout", NULL};
+  int rank, size;
+  const char *key;
+  double timeout = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iis|d", names, &rank, &size, &key, &timeout))
+    return NULL;
+  hb_comm_t *self = (hb_comm_t *)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  self->state = PyType_GetModuleState(type);
+  self->lock = PyThread_allocate_lock();
+  if (self->lock == NULL) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    Py_DECREF(self);
+    return PyErr_Format(PyExc_ValueError, "rank %d is not in range for size %d", rank, size);
+  }
+  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout};
+  coll_comm_t *comm = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll_comm_create(&cfg, &comm);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) {
+    const char *text = NULL;
+    if (comm) coll_comm_error(comm, &text);
+    hb_raise(self->state, rc, text);
+    coll_comm_free(comm);
+    Py_DECREF(self);
+    return NULL;
+  }
+  coll_comm_set_interrupt(comm, hb_interrupt, NULL);
+  self->comm = comm;
+  return (PyObject *)self;
+}
+
+static void comm_dealloc(hb_comm_t *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  if (self->comm) {
+    coll_comm_t *c = self->comm;
+    self->comm = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    coll_comm_free(c);
+    Py_END_ALLOW_THREADS
+  }
+  if (self->lock) PyThread_free_lock(self->lock);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(self));
+  return 0;
+}
+
+static int hb_elems(hb_state_t *st, const hb_buf_t *b, const char *name, size_t *count) {
+  (void)st;
+  size_t es = coll_dtype_size(b->dtype);
+  if (b->nbytes % es) {
+    PyErr_Format(PyExc_ValueError, "%s: %zu bytes is not a whole number of %s elements", name,
+                 b->nbytes, coll_dtype_name(b->dtype));
+    return -1;
+  }
+  *count = b->nbytes / es;
+  return 0;
+}
+
+/* Shapes per collective (count = elements per rank's contribution). */
+int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op, int root,
+               coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb) {
+  memset(sb, 0, sizeof *sb);
+  memset(rb, 0, sizeof *rb);
+  memset(a, 0, sizeof *a);
+  int size = coll_comm_size(self->comm), rank = coll_comm_rank(self->comm);
+  if (kind < 0 || kind >= COLL_KIND_COUNT) {
+    PyErr_SetString(PyExc_ValueError, "unknown collective");
+    return -1;
+  }
+  if (op < 0 || op >= COLL_OP_COUNT) {
+    PyErr_SetString(PyExc_ValueError, "unknown reduction op");
+    return -1;
+  }
+  if (root < 0 || root >= size) {
+    PyErr_Format(PyExc_ValueError, "root %d is not a rank of this communicator (size %d)", root, size);
+    return -1;
+  }
+  a->kind = (coll_kind_t)kind;
+  a->op = (coll_op_t)op;
+  a->root = root;
+  if (kind == COLL_BARRIER) return 0;
+  int is_root = rank == root;
+  int want_send = send != Py_None, want_recv = recv != Py_None;
+  if (want_send && hb_buf_get(send, 0, "buf", sb) != 0) goto fail;
+  if (want_recv && hb_buf_get(recv, 1, kind == COLL_BCAST ? "buf" : "out", rb) != 0) goto fail;
+  size_t scount = 0, rcount = 0;
+  if (want_send && hb_elems(self->state, sb, "buf", &scount) != 0) goto fail;
+  if (want_recv && hb_elems(self->state, rb, "out", &rcount) != 0) goto fail;
+  if (want_send && want_recv && sb->dtype != rb->dtype) {
+    PyErr_Format(PyExc_TypeError, "buf is %s but out is %s", coll_dtype_name(sb->dtype),
+                 coll_dtype_name(rb->dtype));
+    goto fail;
+  }
+  a->dtype = want_send ? sb->dtype : rb->dtype;
+  a->send = sb->ptr;
+  a->recv = rb->ptr;
+  size_t P = (size_t)size;
+  const char *shape_err = NULL;
+  switch (kind) {
+  case COLL_BCAST:
+    a->count = rcount;
+    if (!want_recv) shape_err = "bcast needs a buffer";
+    break;
+  case COLL_ALLREDUCE:
+  case COLL_REDUCE:
+    a->count = scount;
+    if (want_recv && rcount != scount) shape_err = "out must have as many elements as buf";
+    if (!want_recv && (kind == COLL_ALLREDUCE || is_root)) shape_err = "out is missing";
+    break;
+  case COLL_GATHER:
+  case COLL_ALLGATHER:
+    a->count = scount;
+    if (want_recv && rcount != scount * P) shape_err = "out must hold size x buf elements";
+    if (!want_recv && (kind == COLL_ALLGATHER || is_root)) shape_err = "out is missing";
+    break;
+  case COLL_SCATTER:
+    a->count = rcount;
+    if (is_root && (!want_send || scount != rcount * P)) shape_err = "on the root, buf must hold size x out elements";
+    if (!want_recv) shape_err = "out is missing";
+    break;
+  case COLL_REDUCE_SCATTER:
+    a->count = rcount;
+    if (!want_recv || scount != rcount * P) shape_err = "buf must hold size x out elements";
+    break;
+  case COLL_ALLTOALL:
+    a->count = scount / P;
+    if (scount % P) shape_err = "buf must hold a multiple of size elements";
+    else if (!want_recv || rcount != scount) shape_err = "out must have as many elements as buf";
+    break;
+  }
+  if (shape_err) {
+    PyErr_Format(PyExc_ValueError, "%s: %s", coll_kind_name(a->kind), shape_err);
+    goto fail;
+  }
+  return 0;
+fail:
+  hb_buf_release(sb);
+  hb_buf_release(rb);
+  return -1;
+}
+
+static PyObject *comm_run(hb_comm_t *self, PyObject *args) {
+  int kind, op = 0, root = 0;
+  PyObject *send = Py_None, *recv = Py_None;
+  if (!PyArg_ParseTuple(args, "i|OOii", &kind, &send, &recv, &op, &root)) return NULL;
+  if (hb_comm_lock(self) != 0) return NULL;
+  coll_args_t a;
+  hb_buf_t sb, rb;
+  if (hb_prepare(self, kind, send, recv, op, root, &a, &sb, &rb) != 0) {
+    PyThread_release_lock(self->lock);
+    return NULL;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll_run(self->comm, &a);
+  Py_END_ALLOW_THREADS
+  hb_buf_release(&sb);
+  hb_buf_release(&rb);
+  PyObject *result = rc == 0 ? Py_NewRef(Py_None) : hb_comm_error(self, rc);
+  PyThread_release_lock(self->lock);
+  return result;
+}
+
+static PyObject *comm_start(hb_comm_t *self, PyObject *args) {
+  int kind, op = 0, root = 0;
+  PyObject *send = Py_None, *recv = Py_None;
+  if (!PyArg_ParseTuple(args, "i|OOii", &kind, &send, &recv, &op, &root)) return NULL;
+  if (hb_comm_lock(self) != 0) return NULL;
+  coll_args_t a;
+  hb_buf_t sb, rb;
+  PyObject *result = NULL;
+  if (hb_prepare(self, kind, send, recv, op, root, &a, &sb, &rb) == 0) {
+    coll_req_t *req = NULL;
+    int rc = coll_start(self->comm, &a, &req);
+    if (rc == 0) {
+      result = hb_request_new(self, req, &sb, &rb); /* takes the buffers */
+    } else {
+      hb_buf_release(&sb);
+      hb_buf_release(&rb);
+      hb_comm_error(self, rc);
+    }
+  }
+  PyThread_release_lock(self->lock);
+  return result;
+}
+
+static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
+  int color, key = 0;
+  if (!PyArg_ParseTuple(args, "i|i", &color, &key)) return NULL;
+  if (hb_comm_lock(self) != 0) return NULL;
+  coll_comm_t *sub = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll_comm_split(self->comm, color, key, &sub);
+  Py_END_ALLOW_THREADS
+  PyObject *result = NULL;
+  if (rc != 0) {
+    const char *text = NULL;
+    if (sub) coll_comm_error(sub, &text);
+    if (sub) hb_raise(self->state, rc, text);
+    else hb_comm_error(self, rc);
+    coll_comm_free(sub);
+  } else if (sub == NULL) {
+    result = Py_NewRef(Py_None);
+  } else {
+    PyTypeObject *tp = Py_TYPE(self);
+    hb_comm_t *obj = (hb_comm_t *)tp->tp_alloc(tp, 0);
+    if (obj) {
+      obj->state = self->state;
+      obj->lock = PyThread_allocate_lock();
+      obj->comm = sub;
+      coll_comm_set_interrupt(sub, hb_interrupt, NULL);
+      result = (PyObject *)obj;
+    } else {
+      coll_comm_free(sub);
+    }
+  }
+  PyThread_release_lock(self->lock);
+  return result;
+}
+
+static PyObject *comm_set_algorithm(hb_comm_t *self, PyObject *args) {
+  int kind;
+  const char *name;
+  if (!PyArg_ParseTuple(args, "is", &kind, &name)) return NULL;
+  if (hb_comm_lock(self) != 0) return NULL;
+  int rc = coll_set_algorithm(self->comm, (coll_kind_t)kind, name);
+  PyThread_release_lock(self->lock);
+  if (rc) return PyErr_Format(PyExc_ValueError, "unknown algorithm '%s' for this collective", name);
+  Py_RETURN_NONE;
+}
+
+static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
+  (void)unused;
+  if (self->comm == NULL) Py_RETURN_NONE;
+  if (hb_comm_lock(self) != 0) return NULL;
+  coll_comm_t *c = self->comm;
+  self->comm = NULL;
+  Py_BEGIN_ALLOW_THREADS
+  coll_comm_free(c);
+  Py_END_ALLOW_THREADS
+  PyThread_release_lock(self->lock);
+  Py_RETURN_NONE;
+}
+
+static PyObject *comm_abort(hb_comm_t *self, PyObject *unused) {
+  (void)unused;
+  if (self->comm) coll_comm_abort(self->comm, COLL_EABORTED);
+  Py_RETURN_NONE;
+}
+
+static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args);
+
+static PyObject *comm_get_rank(hb_comm_t *self, void *c) {
+  (void)c;
+  return self->comm ? PyLong_FromLong(coll_comm_rank(self->comm)) : hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
+}
+static PyObject *comm_get_size(hb_comm_t *self, void *c) {
+  (void)c;
+  return self->comm ? PyLong_FromLong(coll_comm_size(self->comm)) : hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
+}
+static PyObject *comm_get_closed(hb_comm_t *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(self->comm == NULL);
+}
+static PyObject *comm_get_error(hb_comm_t *self, void *c) {
+  (void)c;
+  if (self->comm == NULL) Py_RETURN_NONE;
+  const char *text = NULL;
+  int code = coll_comm_error(self->comm, &text);
+  if (code == 0) Py_RETURN_NONE;
+  return Py_BuildValue("(iss)", code, coll_err_name(code), text ? text : "");
+}
+
+static PyMethodDef comm_methods[] = {
+    {"run", (PyCFunction)comm_run, METH_VARARGS, "run(kind, send, recv, op, root): blocking collective"},
+    {"start", (PyCFunction)comm_start, METH_VARARGS, "start(kind, send, recv, op, root) -> Request"},
+    {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
+    {"set_algorithm", (PyCFunction)comm_set_algorithm, METH_VARARGS, "force an algorithm"},
+    {"arena_alloc", (PyCFunction)comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
+    {"close", (PyCFunction)comm_close, METH_NOARGS, "release the communicator"},
+    {"abort", (PyCFunction)comm_abort, METH_NOARGS, "fail the communicator on every rank"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef comm_getset[] = {
+    {"rank", (getter)comm_get_rank, NULL, NULL, NULL},
+    {"size", (getter)comm_get_size, NULL, NULL, NULL},
+    {"closed", (getter)comm_get_closed, NULL, NULL, NULL},
+    {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot comm_slots[] = {
+    {Py_tp_new, comm_new},         {Py_tp_dealloc, comm_dealloc}, {Py_tp_traverse, comm_traverse},
+    {Py_tp_methods, comm_methods}, {Py_tp_getset, comm_getset},   {0, NULL}};
+
+static PyType_Spec comm_spec = {"hbmcoll._core.Comm", sizeof(hb_comm_t), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+                                comm_slots};
+
+/* ---- ArenaBuffer: bytes inside the shared arena, exported as a buffer ---- */
+
+typedef struct {
+  PyObject_HEAD
+  hb_comm_t *owner; /* keeps the mapping alive */
+  void *ptr;
+  Py_ssize_t nbytes;
+} hb_arena_buf_t;
+
+static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args) {
+  Py_ssize_t nbytes;
+  if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
+  if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "negative size");
+  if (self->comm == NULL) return hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
+  void *ptr;
+  int rc = coll_arena_alloc(self->comm, (size_t)nbytes, 64, &ptr);
+  if (rc == -ENOMEM)
+    return PyErr_Format(PyExc_MemoryError,
+                        "the shared arena has no room for %zd bytes (HBMCOLL_ARENA_BYTES sets its size per rank)",
+                        nbytes);
+  if (rc) return hb_raise(self->state, rc, NULL);
+  PyTypeObject *tp = self->state->ArenaBufferType;
+  hb_arena_buf_t *b = (hb_arena_buf_t *)tp->tp_alloc(tp, 0);
+  if (b == NULL) {
+    coll_arena_free(self->comm, ptr);
+    return NULL;
+  }
+  b->owner = (hb_comm_t *)Py_NewRef(self);
+  b->ptr = ptr;
+  b->nbytes = nbytes;
+  return (PyObject *)b;
+}
+
+static int arena_getbuffer(hb_arena_buf_t *self, Py_buffer *view, int flags) {
+  return PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->nbytes, 0, flags);
+}
+
+static void arena_dealloc(hb_arena_buf_t *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  if (self->owner && self->owner->comm) coll_arena_free(self->owner->comm, self->ptr);
+  Py_CLEAR(self->owner);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static int arena_traverse(hb_arena_buf_t *self, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->owner);
+  return 0;
+}
+
+static PyType_Slot arena_slots[] = {{Py_bf_getbuffer, arena_getbuffer},
+                                    {Py_tp_dealloc, arena_dealloc},
+                                    {Py_tp_traverse, arena_traverse},
+                                    {0, NULL}};
+
+static PyType_Spec arena_spec = {"hbmcoll._core.ArenaBuffer", sizeof(hb_arena_buf_t), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+                                 arena_slots};
+
+/* ---- module ----------------------------------------------------------------- */
+
+static PyObject *hb_strerror(PyObject *m, PyObject *arg) {
+  (void)m;
+  int code = (int)PyLong_AsLong(arg);
+  if (code == -1 && PyErr_Occurred()) return NULL;
+  return PyUnicode_FromString(coll_strerror(code));
+}
+
+static PyMethodDef hb_functions[] = {
+    {"strerror", hb_strerror, METH_O, "text of a libcoll code"},
+    {NULL, NULL, 0, NULL}};
+
+static int hb_exec(PyObject *m) {
+  hb_state_t *st = hb_state_of(m);
+  st->Error = PyErr_NewExceptionWithDoc("hbmcoll.Error", "A collective failed.", PyExc_RuntimeError, NULL);
+  if (st->Error == NULL) return -1;
+  st->MismatchError = PyErr_NewExceptionWithDoc(
+      "hbmcoll.MismatchError", "Ranks disagree on count, dtype, op, root or collective.", st->Error, NULL);
+  st->PeerLostError = PyErr_NewExceptionWithDoc("hbmcoll.PeerLostError",
+                                                "A rank died or left the communicator.", st->Error, NULL);
+  PyObject *bases = Py_BuildValue("(OO)", st->Error, PyExc_TimeoutError);
+  if (bases == NULL) return -1;
+  st->TimeoutError = PyErr_NewExceptionWithDoc("hbmcoll.TimeoutError",
+                                               "A wait ran past HBMCOLL_TIMEOUT.", bases, NULL);
+  Py_DECREF(bases);
+  if (!st->MismatchError || !st->PeerLostError || !st->TimeoutError) return -1;
+  if (PyModule_AddObjectRef(m, "Error", st->Error) < 0 ||
+      PyModule_AddObjectRef(m, "MismatchError", st->MismatchError) < 0 ||
+      PyModule_AddObjectRef(m, "PeerLostError", st->PeerLostError) < 0 ||
+      PyModule_AddObjectRef(m, "TimeoutError", st->TimeoutError) < 0)
+    return -1;
+  st->CommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &comm_spec, NULL);
+  st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
+  st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &arena_spec, NULL);
+  if (!st->CommType || !st->RequestType || !st->ArenaBufferType) return -1;
+  if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
+      PyModule_AddType(m, st->ArenaBufferType) < 0)
+    return -1;
+  static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
+                                "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
+  for (int k = 0; k < COLL_KIND_COUNT; k++)
+    if (PyModule_AddIntConstant(m, kinds[k], k) < 0) return -1;
+  static const char *ops[] = {"SUM", "PROD", "MIN", "MAX", "AVG"};
+  for (int o = 0; o < COLL_OP_COUNT; o++)
+    if (PyModule_AddIntConstant(m, ops[o], o) < 0) return -1;
+  return 0;
+}
+
+static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
+  hb_state_t *st = hb_state_of(m);
+  Py_VISIT(st->Error);
+  Py_VISIT(st->MismatchError);
+  Py_VISIT(st->PeerLostError);
+  Py_VISIT(st->TimeoutError);
+  Py_VISIT(st->CommType);
+  Py_VISIT(st->RequestType);
+  Py_VISIT(st->ArenaBufferType);
+  return 0;
+}
+
+static int hb_clear(PyObject *m) {
+  hb_state_t *st = hb_state_of(m);
+  Py_CLEAR(st->Error);
+  Py_CLEAR(st->MismatchError);
+  Py_CLEAR(st->PeerLostError);
+  Py_CLEAR(st->TimeoutError);
+  Py_CLEAR(st->CommType);
+  Py_CLEAR(st->RequestType);
+  Py_CLEAR(st->ArenaBufferType);
+  return 0;
+}
+
+static void hb_free(void *m) { hb_clear(m); }
+
+static PyModuleDef_Slot hb_slots[] = {{Py_mod_exec, hb_exec}, {0, NULL}};
+
+static struct PyModuleDef hb_module = {PyModuleDef_HEAD_INIT, "hbmcoll._core",
+                                       "C core of hbmcoll: shared-memory collectives.",
+                                       sizeof(hb_state_t), hb_functions, hb_slots,
+                                       hb_traverse, hb_clear, hb_free};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&hb_module); }

@@ -1,0 +1,47 @@
+/* core.h - shared declarations of the hbmcoll._core extension. */
+#ifndef HBMCOLL_CORE_H
+#define HBMCOLL_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "coll.h"
+
+typedef struct {
+  PyObject *Error, *MismatchError, *PeerLostError, *TimeoutError;
+  PyTypeObject *CommType, *RequestType, *ArenaBufferType;
+} hb_state_t;
+
+/* A buffer held for the length of a collective: buffer protocol or DLPack. */
+typedef struct {
+  Py_buffer view;
+  int has_view;
+  PyObject *capsule; /* DLPack capsule kept alive while in use */
+  void *ptr;
+  size_t nbytes;
+  coll_dtype_t dtype;
+} hb_buf_t;
+
+typedef struct {
+  PyObject_HEAD
+  coll_comm_t *comm;
+  PyThread_type_lock lock; /* one Python thread at a time */
+  hb_state_t *state;
+} hb_comm_t;
+
+/* buffer.c */
+int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
+void hb_buf_release(hb_buf_t *b);
+
+/* _core.c */
+PyObject *hb_raise(hb_state_t *st, int code, const char *text);
+int hb_comm_lock(hb_comm_t *self);
+/* Build coll_args_t from Python objects; holds the buffers in send/recv. */
+int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op, int root,
+               coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb);
+
+/* request.c */
+extern PyType_Spec hb_request_spec;
+PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_t *rb);
+
+#endif

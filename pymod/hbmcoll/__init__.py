@@ -1,0 +1,23 @@
+"""hbmcoll: collectives for Python processes on one many-core node.
+
+    import hbmcoll
+    comm = hbmcoll.init()          # under hbmcoll-run, torchrun, mpiexec or srun
+    comm.allreduce(grads)          # in place, NumPy arrays or torch tensors
+    comm.bcast(params, root=0)
+
+See README.md for the whole API.
+"""
+from ._core import Error, MismatchError, PeerLostError, TimeoutError  # noqa: F401
+from .comm import Communicator, Request, empty, init  # noqa: F401
+
+__version__ = "0.1.0"
+
+__all__ = ["init", "empty", "topology", "Communicator", "Request", "Error",
+           "MismatchError", "PeerLostError", "TimeoutError"]
+
+
+def topology(ranks=None):
+    """Topology facts and the placement plan of this machine (dict)."""
+    from .topo import topology as _topology
+
+    return _topology(ranks=ranks)

@@ -1,0 +1,308 @@
+"""The Communicator: the Python face of a libcoll communicator.
+
+Arguments are checked here and in _core before any communication; the
+collective itself runs in C with the GIL released. Result buffers that the
+caller did not pass (out=None) are made here, of the caller's kind (NumPy
+array, torch tensor, bytearray).
+"""
+import os
+import secrets
+import socket
+import threading
+
+from . import _core
+from . import launch_env
+
+_OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
+        "avg": _core.AVG, "mean": _core.AVG, "average": _core.AVG}
+_KINDS = {"barrier": _core.BARRIER, "bcast": _core.BCAST, "gather": _core.GATHER,
+          "scatter": _core.SCATTER, "allgather": _core.ALLGATHER, "reduce": _core.REDUCE,
+          "allreduce": _core.ALLREDUCE, "reduce_scatter": _core.REDUCE_SCATTER,
+          "alltoall": _core.ALLTOALL}
+_init_count = 0
+_init_lock = threading.Lock()
+
+
+def _op_code(op):
+    if isinstance(op, int) and 0 <= op < len(set(_OPS.values())):
+        return op
+    code = _OPS.get(str(op).lower()) if isinstance(op, str) else None
+    if code is None:
+        raise ValueError(f"unknown op {op!r}: use one of sum, prod, min, max, avg")
+    return code
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def _is_numpy(x):
+    return type(x).__module__ == "numpy"
+
+
+def _empty_like(buf, shape):
+    """A new uninitialised buffer like `buf` (same kind and dtype) of `shape`."""
+    if _is_numpy(buf):
+        import numpy as np
+        return np.empty(shape, dtype=buf.dtype)
+    if _is_torch(buf):
+        import torch
+        return torch.empty(shape, dtype=buf.dtype)
+    n = 1
+    for s in shape:
+        n *= s
+    item = memoryview(buf).itemsize
+    fmt = memoryview(buf).format
+    out = bytearray(n * item)
+    return out if fmt in ("B", "b", "c") and item == 1 else memoryview(out).cast(fmt)
+
+
+def _shape(buf):
+    if _is_numpy(buf) or _is_torch(buf):
+        return tuple(buf.shape)
+    mv = memoryview(buf)
+    return tuple(mv.shape)
+
+
+class Request:
+    """A collective in flight (from an i-variant). wait() returns its result."""
+
+    __slots__ = ("_req", "_result")
+
+    def __init__(self, req, result):
+        self._req = req
+        self._result = result
+
+    def wait(self, timeout=None):
+        self._req.wait(timeout)
+        return self._result
+
+    def test(self):
+        return self._req.test()
+
+    @property
+    def done(self):
+        return self._req.done
+
+
+class Communicator:
+    """Processes on one node that run collectives together.
+
+    Every rank must call the same collectives in the same order with matching
+    counts, dtypes, ops and roots; if they do not, all get MismatchError.
+    After any failure (MismatchError, PeerLostError, TimeoutError, Ctrl-C)
+    the communicator is closed for good.
+    """
+
+    def __init__(self, core, local_rank=None, local_size=None, launcher="single", placement=None):
+        self._c = core
+        self.rank = core.rank
+        self.size = core.size
+        self.local_rank = self.rank if local_rank is None else local_rank
+        self.local_size = self.size if local_size is None else local_size
+        self.launcher = launcher
+        self.placement = placement or {}
+
+    def __repr__(self):
+        return f"<hbmcoll.Communicator rank {self.rank} of {self.size}>"
+
+    # -- helpers ---------------------------------------------------------------
+    def _root(self, root):
+        if not isinstance(root, int) or isinstance(root, bool):
+            raise TypeError("root must be an int")
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} is not a rank of this communicator (size {self.size})")
+        return root
+
+    def _go(self, nonblocking, kind, send, recv, op, root, result):
+        if nonblocking:
+            return Request(self._c.start(kind, send, recv, op, root), result)
+        self._c.run(kind, send, recv, op, root)
+        return result
+
+    # -- collectives -----------------------------------------------------------
+    def barrier(self):
+        self._c.run(_core.BARRIER)
+
+    def ibarrier(self):
+        return Request(self._c.start(_core.BARRIER), None)
+
+    def bcast(self, buf, root=0, _nb=False):
+        """Broadcast root's buf into every rank's buf, in place; returns buf."""
+        return self._go(_nb, _core.BCAST, None, buf, 0, self._root(root), buf)
+
+    def allreduce(self, buf, op="sum", out=None, _nb=False):
+        """Reduce buf over all ranks; the result goes to out (default: buf, in place)."""
+        out = buf if out is None else out
+        return self._go(_nb, _core.ALLREDUCE, buf, out, _op_code(op), 0, out)
+
+    def reduce(self, buf, op="sum", root=0, out=None, _nb=False):
+        """Reduce buf over all ranks into root's out (default: buf); others get None."""
+        root = self._root(root)
+        if self.rank == root and out is None:
+            out = buf
+        res = out if self.rank == root else None
+        return self._go(_nb, _core.REDUCE, buf, out if self.rank == root else None,
+                        _op_code(op), root, res)
+
+    def gather(self, buf, root=0, out=None, _nb=False):
+        """Root gets out of shape (size, *buf.shape); others get None."""
+        root = self._root(root)
+        if self.rank == root and out is None:
+            out = _empty_like(buf, (self.size,) + _shape(buf))
+        res = out if self.rank == root else None
+        return self._go(_nb, _core.GATHER, buf, res, 0, root, res)
+
+    def allgather(self, buf, out=None, _nb=False):
+        """Every rank gets out of shape (size, *buf.shape)."""
+        if out is None:
+            out = _empty_like(buf, (self.size,) + _shape(buf))
+        return self._go(_nb, _core.ALLGATHER, buf, out, 0, 0, out)
+
+    def scatter(self, buf, root=0, out=None, _nb=False):
+        """Root's buf of shape (size, *s) is split; rank i gets buf[i] in out (shape s).
+        Non-roots pass buf=None (or anything) and out, or only buf to learn the shape."""
+        root = self._root(root)
+        if out is None:
+            if buf is None or self.rank != root and not _shape(buf):
+                raise ValueError("scatter: pass out= on every rank (or buf with shape (size, ...))")
+            shp = _shape(buf)
+            if shp[0] != self.size:
+                raise ValueError(f"scatter: buf's first dimension must be size ({self.size})")
+            out = _empty_like(buf, shp[1:])
+        send = buf if self.rank == root else None
+        return self._go(_nb, _core.SCATTER, send, out, 0, root, out)
+
+    def reduce_scatter(self, buf, op="sum", out=None, _nb=False):
+        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+        if out is None:
+            shp = _shape(buf)
+            if not shp or shp[0] != self.size:
+                raise ValueError(f"reduce_scatter: buf's first dimension must be size ({self.size}), or pass out=")
+            out = _empty_like(buf, shp[1:])
+        return self._go(_nb, _core.REDUCE_SCATTER, buf, out, _op_code(op), 0, out)
+
+    def alltoall(self, buf, out=None, _nb=False):
+        """Block j of rank i's buf (first dimension size) lands in block i of rank j's out."""
+        if out is None:
+            out = _empty_like(buf, _shape(buf))
+        return self._go(_nb, _core.ALLTOALL, buf, out, 0, 0, out)
+
+    def ibcast(self, buf, root=0):
+        return self.bcast(buf, root, _nb=True)
+
+    def iallreduce(self, buf, op="sum", out=None):
+        return self.allreduce(buf, op, out, _nb=True)
+
+    def ireduce(self, buf, op="sum", root=0, out=None):
+        return self.reduce(buf, op, root, out, _nb=True)
+
+    def igather(self, buf, root=0, out=None):
+        return self.gather(buf, root, out, _nb=True)
+
+    def iallgather(self, buf, out=None):
+        return self.allgather(buf, out, _nb=True)
+
+    def iscatter(self, buf, root=0, out=None):
+        return self.scatter(buf, root, out, _nb=True)
+
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        return self.reduce_scatter(buf, op, out, _nb=True)
+
+    def ialltoall(self, buf, out=None):
+        return self.alltoall(buf, out, _nb=True)
+
+    # -- communicators ---------------------------------------------------------
+    def split(self, color, key=0):
+        """Ranks with equal color form a new communicator ordered by (key, rank);
+        color=None (or negative) joins none and gets None."""
+        c = -1 if color is None else int(color)
+        sub = self._c.split(c, int(key))
+        return None if sub is None else Communicator(sub, launcher=self.launcher,
+                                                     placement=self.placement)
+
+    def set_algorithm(self, collective, name):
+        """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
+        on every rank alike (HBMCOLL_ALGO does the same from the environment)."""
+        self._c.set_algorithm(_KINDS[collective], name)
+
+    def empty(self, shape, dtype="float32"):
+        return empty(shape, dtype, comm=self)
+
+    def close(self):
+        self._c.close()
+
+    def abort(self):
+        """Fail the communicator on every rank (they raise Error)."""
+        self._c.abort()
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def empty(shape, dtype="float32", comm=None):
+    """A NumPy array inside comm's shared arena: collectives on it skip a copy."""
+    import numpy as np
+
+    if comm is None:
+        raise ValueError("hbmcoll.empty needs comm=")
+    dt = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    n = 1
+    for s in shape:
+        n *= int(s)
+    raw = comm._c.arena_alloc(n * dt.itemsize)
+    return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
+
+
+def _bind_and_describe(info):
+    """Pin this process per HBMCOLL_BIND (placement layer); returns a dict."""
+    try:
+        from . import topo
+    except ImportError:
+        return {}
+    return topo.apply_binding(info.local_rank, info.local_size)
+
+
+def init(comm=None, timeout=None):
+    """Join the job's communicator.
+
+    With no argument, ranks are found from the launcher's environment
+    (hbmcoll-run, torchrun, mpiexec, srun). With comm=<mpi4py communicator>,
+    the MPI ranks bootstrap over it.
+    """
+    global _init_count
+    with _init_lock:
+        _init_count += 1
+        generation = _init_count
+    if timeout is None:
+        t = os.environ.get("HBMCOLL_TIMEOUT")
+        timeout = float(t) if t else 0.0
+    if comm is not None:
+        return _init_from_mpi(comm, generation, timeout)
+    info = launch_env.detect()
+    launch_env.check_single_node(info)
+    placement = _bind_and_describe(info)
+    core = _core.Comm(info.rank, info.size, f"{info.job_key}/w{generation}", timeout)
+    return Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
+
+
+def _init_from_mpi(mpi_comm, generation, timeout):
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    key = mpi_comm.bcast(secrets.token_hex(8) if rank == 0 else None, root=0)
+    hosts = mpi_comm.allgather(socket.gethostname())
+    if len(set(hosts)) > 1:
+        raise _core.Error(f"the MPI communicator spans {len(set(hosts))} nodes; the inter-node "
+                          "bridge is not built yet, so hbmcoll needs all ranks on one node")
+    info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
+                                 job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
+    placement = _bind_and_describe(info)
+    core = _core.Comm(rank, size, f"{info.job_key}/w{generation}", timeout)
+    return Communicator(core, rank, size, "mpi4py", placement)

@@ -1,0 +1,147 @@
+/*
+ * request.c - hbmcoll._core.Request: a nonblocking collective in flight.
+ * It owns the buffers until the collective finishes; wait() sleeps in short
+ * slices with the GIL released and runs signal handlers between them, so
+ * Ctrl-C interrupts the wait (the collective itself goes on).
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <time.h>
+
+typedef struct {
+  PyObject_HEAD
+  hb_comm_t *comm;
+  coll_req_t *req;
+  hb_buf_t sb, rb;
+  int finished, result;
+} hb_request_t;
+
+PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_t *rb) {
+  PyTypeObject *tp = comm->state->RequestType;
+  hb_request_t *r = (hb_request_t *)tp->tp_alloc(tp, 0);
+  if (r == NULL) {
+    Py_BEGIN_ALLOW_THREADS
+    coll_req_free(req); /* waits: the buffers are in use */
+    Py_END_ALLOW_THREADS
+    hb_buf_release(sb);
+    hb_buf_release(rb);
+    return NULL;
+  }
+  r->comm = (hb_comm_t *)Py_NewRef(comm);
+  r->req = req;
+  r->sb = *sb;
+  r->rb = *rb;
+  return (PyObject *)r;
+}
+
+static void request_finish(hb_request_t *r, int result) {
+  r->finished = 1;
+  r->result = result;
+  Py_BEGIN_ALLOW_THREADS
+  coll_req_free(r->req);
+  Py_END_ALLOW_THREADS
+  r->req = NULL;
+  hb_buf_release(&r->sb);
+  hb_buf_release(&r->rb);
+}
+
+static PyObject *request_result(hb_request_t *r) {
+  if (r->result == 0) Py_RETURN_NONE;
+  const char *text = NULL;
+  int code = r->comm->comm ? coll_comm_error(r->comm->comm, &text) : 0;
+  return hb_raise(r->comm->state, r->result, code == r->result ? text : NULL);
+}
+
+static double request_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static PyObject *request_wait(hb_request_t *r, PyObject *args, PyObject *kw) {
+  static char *names[] = {"timeout", NULL};
+  PyObject *tobj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", names, &tobj)) return NULL;
+  double timeout = -1;
+  if (tobj != Py_None && (timeout = PyFloat_AsDouble(tobj)) < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "timeout must be >= 0");
+    return NULL;
+  }
+  double deadline = request_now() + timeout;
+  while (!r->finished) {
+    double slice = 0.05;
+    if (timeout >= 0 && deadline - request_now() < slice) slice = deadline - request_now();
+    if (slice < 0) slice = 0;
+    int rc, fin, result = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = coll_req_wait(r->req, slice);
+    fin = coll_req_test(r->req, &result);
+    Py_END_ALLOW_THREADS
+    (void)rc;
+    if (fin) {
+      request_finish(r, result);
+      break;
+    }
+    if (PyErr_CheckSignals() < 0) return NULL;
+    if (timeout >= 0 && request_now() >= deadline)
+      return PyErr_Format(r->comm->state->TimeoutError, "the request did not complete within %g s", timeout);
+  }
+  return request_result(r);
+}
+
+static PyObject *request_test(hb_request_t *r, PyObject *unused) {
+  (void)unused;
+  if (!r->finished) {
+    int result = 0;
+    if (!coll_req_test(r->req, &result)) Py_RETURN_FALSE;
+    request_finish(r, result);
+  }
+  PyObject *res = request_result(r);
+  if (res == NULL) return NULL;
+  Py_DECREF(res);
+  Py_RETURN_TRUE;
+}
+
+static PyObject *request_done(hb_request_t *r, void *c) {
+  (void)c;
+  if (!r->finished) {
+    int result = 0;
+    if (coll_req_test(r->req, &result)) request_finish(r, result);
+  }
+  return PyBool_FromLong(r->finished);
+}
+
+static void request_dealloc(hb_request_t *r) {
+  PyTypeObject *tp = Py_TYPE(r);
+  PyObject_GC_UnTrack(r);
+  if (!r->finished && r->req) request_finish(r, 0); /* waits: peers may still use the buffers */
+  Py_CLEAR(r->comm);
+  tp->tp_free(r);
+  Py_DECREF(tp);
+}
+
+static int request_traverse(hb_request_t *r, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(r));
+  Py_VISIT(r->comm);
+  return 0;
+}
+
+static PyMethodDef request_methods[] = {
+    {"wait", (PyCFunction)(void (*)(void))request_wait, METH_VARARGS | METH_KEYWORDS,
+     "wait(timeout=None): block until done; raises the collective's error"},
+    {"test", (PyCFunction)request_test, METH_NOARGS, "True when done (raises its error)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef request_getset[] = {{"done", (getter)request_done, NULL, NULL, NULL},
+                                       {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot request_slots[] = {{Py_tp_dealloc, request_dealloc},
+                                      {Py_tp_traverse, request_traverse},
+                                      {Py_tp_methods, request_methods},
+                                      {Py_tp_getset, request_getset},
+                                      {0, NULL}};
+
+PyType_Spec hb_request_spec = {"hbmcoll._core.Request", sizeof(hb_request_t), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+                               request_slots};

@@ -1,0 +1,40 @@
+"""Build hbmcoll: the Python package in pymod/hbmcoll and its C extension
+hbmcoll._core, compiled from libcoll/ (collectives), numa/ (placement) and
+pymod/*.c (the CPython binding)."""
+import glob
+import os
+
+from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
+
+
+numa_sources = []  # wired in with the placement layer
+
+core = Extension(
+    "hbmcoll._core",
+    sources=sources("pymod/*.c") + sources("libcoll/src/*.c") + numa_sources,
+    include_dirs=["libcoll/include", "libcoll/src", "numa/include", "numa", "pymod"],
+    define_macros=[("_GNU_SOURCE", "1")],
+    extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror",
+                        "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+    libraries=["hwloc", "memkind"] if numa_sources else [],
+)
+
+setup(
+    name="hbmcoll",
+    version="0.1.0",
+    description="Collectives for Python on many-core, high-bandwidth-memory nodes",
+    license="BSD-3-Clause",
+    package_dir={"": "pymod"},
+    packages=["hbmcoll"],
+    ext_modules=[core],
+    python_requires=">=3.9",
+    install_requires=["numpy"],
+    extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},
+    entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.run:main"]},
+)

@@ -1,0 +1,492 @@
+/*
+ * test_apply.c - the apply path of numa/ on this machine, with real system
+ * calls: cpubind, mbind of a memfd segment before first touch, pre-fault and
+ * a move_pages check of where the pages landed, the EPERM fallback (a real
+ * seccomp filter makes mbind fail as in Docker without CAP_SYS_NICE), the
+ * over-capacity fallback (MPOL_BIND of more than the node has free becomes
+ * MPOL_PREFERRED; checked with get_mempolicy without touching the pages),
+ * scratch buffers, and argument errors.
+ *
+ * Each test runs in its own forked process with a 60 s alarm (environment
+ * changes and seccomp filters stay in that child). HBMCOLL_HBM_NODES=0 makes
+ * the one DDR node of the dev box stand in for HBM.
+ * Prints one line per test and "N passed, N failed" last; exit 0 iff none failed.
+ */
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <numaif.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll_numa.h"
+#include "internal.h" /* plan internals for the segment-choice test */
+
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      fprintf(stderr, "    %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);  \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+
+#define SKIP 77
+
+static void clear_env(void) {
+  unsetenv("HBMCOLL_HBM_NODES");
+  unsetenv("MEMKIND_HBW_NODES");
+  unsetenv("HBMCOLL_MEMORY");
+  unsetenv("HBMCOLL_BIND");
+  unsetenv("HWLOC_XMLFILE");
+  unsetenv("HWLOC_FSROOT");
+}
+
+static long page_size(void) { return sysconf(_SC_PAGESIZE); }
+
+/* a fresh shared mapping of a memfd, never touched */
+static void *new_segment(size_t len, int noreserve) {
+  int fd = (int)syscall(SYS_memfd_create, "test-numa", 0u);
+  if (fd < 0 || ftruncate(fd, (off_t)len) != 0)
+    return NULL;
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | (noreserve ? MAP_NORESERVE : 0),
+                 fd, 0);
+  close(fd);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static int policy_of(void *addr, unsigned long *mask) {
+  int mode = -1;
+  unsigned long m[16] = {0};
+  if (syscall(SYS_get_mempolicy, &mode, m, 16 * 64UL, addr, (unsigned long)MPOL_F_ADDR) != 0)
+    return -errno;
+  if (mask)
+    *mask = m[0];
+  return mode;
+}
+
+/* how many of the pages of [addr, addr+len) are on node `node` (move_pages query) */
+static long pages_on(void *addr, size_t len, int node) {
+  size_t n = len / (size_t)page_size();
+  void **pages = calloc(n, sizeof(void *));
+  int *status = calloc(n, sizeof(int));
+  long on = -1;
+  if (pages && status) {
+    for (size_t i = 0; i < n; i++)
+      pages[i] = (char *)addr + i * (size_t)page_size();
+    if (syscall(SYS_move_pages, 0, n, pages, NULL, status, 0) == 0) {
+      on = 0;
+      for (size_t i = 0; i < n; i++)
+        on += status[i] == node;
+    }
+  }
+  free(pages);
+  free(status);
+  return on;
+}
+
+static uint64_t node0_free(void) {
+  FILE *f = fopen("/sys/devices/system/node/node0/meminfo", "r");
+  char line[256];
+  unsigned long long kb = 0;
+  while (f && fgets(line, sizeof(line), f))
+    if (strstr(line, "MemFree:"))
+      kb = strtoull(strstr(line, "MemFree:") + 8, NULL, 10);
+  if (f)
+    fclose(f);
+  return kb * 1024;
+}
+
+static int install_mbind_eperm_filter(void) {
+#if defined(__x86_64__)
+  const unsigned arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  const unsigned arch = AUDIT_ARCH_AARCH64;
+#else
+  return -ENOTSUP;
+#endif
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_mbind, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_set_mempolicy, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+  };
+  struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return -errno;
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+    return -errno;
+  return 0;
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static int test_no_hbm_says_ddr(void) {
+  coll_numa_ctx_t *ctx;
+  char *text;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  const char *n = coll_numa_notice(ctx);
+  fprintf(stderr, "    notice: %s\n", n);
+  CHECK(strstr(n, "no HBM") != NULL && strstr(n, "DDR") != NULL);
+  CHECK(coll_numa_ctx_report(ctx, 1, &text) == 0);
+  CHECK(strstr(text, "\"memory_mode\": \"none\"") && strstr(text, "\"hbm_nodes\": []"));
+  CHECK(strstr(text, "\"notices\": [\"no HBM on this machine"));
+  free(text);
+  CHECK(coll_numa_ctx_report(ctx, 0, &text) == 0);
+  CHECK(strstr(text, "no high-bandwidth memory; buffers use DDR") != NULL);
+  free(text);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int test_cpubind_core(void) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  coll_numa_ctx_t *ctx;
+  setenv("HBMCOLL_BIND", "core", 1);
+  CHECK(coll_numa_setup(1, 2, &ctx) == 0);
+  int pu = coll_numa_rank_pu(ctx, 1);
+  CHECK(pu >= 0);
+  CHECK(coll_numa_rank_pu(ctx, 2) == -EINVAL);
+  CHECK(coll_numa_rank_pu(ctx, -1) == -EINVAL);
+  cpu_set_t set;
+  CHECK(sched_getaffinity(0, sizeof(set), &set) == 0);
+  CHECK(CPU_ISSET(pu, &set));
+  if (ncpu >= 2)
+    CHECK(CPU_COUNT(&set) < ncpu); /* bound to one core, not the machine */
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int test_bind_none_has_no_pu(void) {
+  coll_numa_ctx_t *ctx;
+  setenv("HBMCOLL_BIND", "none", 1);
+  CHECK(coll_numa_setup(0, 2, &ctx) == 0);
+  CHECK(coll_numa_rank_pu(ctx, 0) == -ENOENT);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int segment_case(const char *memory, int want_mode) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  setenv("HBMCOLL_MEMORY", memory, 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 2, &ctx) == 0);
+  fprintf(stderr, "    %s notice: %s\n", memory, coll_numa_notice(ctx));
+  CHECK(strstr(coll_numa_notice(ctx), "HBM (node 0") != NULL);
+  size_t len = 4u << 20;
+  char *seg = new_segment(len, 0);
+  CHECK(seg != NULL);
+  char notice[256] = "x";
+  int users[2] = {0, 1};
+  CHECK(coll_numa_bind_segment(ctx, seg, len, users, 2, notice, sizeof(notice)) == 0);
+  CHECK(notice[0] == '\0');
+  unsigned long mask = 0;
+  CHECK(policy_of(seg, &mask) == want_mode);
+  CHECK(mask == 1UL);
+  CHECK(pages_on(seg, len, 0) == (long)(len / (size_t)page_size())); /* all pre-faulted on node 0 */
+  seg[12345] = 7;
+  CHECK(seg[12345] == 7);
+  munmap(seg, len);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int test_segment_hbm_preferred(void) { return segment_case("auto", MPOL_PREFERRED); }
+static int test_segment_hbm_bind(void) { return segment_case("hbm_bind", MPOL_BIND); }
+static int test_segment_hbm_interleave(void) { return segment_case("hbm_interleave", MPOL_INTERLEAVE); }
+
+static int test_segment_ddr_policy(void) {
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  size_t len = 1u << 20;
+  char *seg = new_segment(len, 0);
+  char notice[256];
+  CHECK(coll_numa_bind_segment(ctx, seg, len, NULL, 0, notice, sizeof(notice)) == 0);
+  CHECK(notice[0] == '\0');
+  CHECK(policy_of(seg, NULL) == MPOL_PREFERRED);
+  CHECK(pages_on(seg, len, 0) == (long)(len / (size_t)page_size()));
+  munmap(seg, len);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* mbind refused after setup (as when a container profile changes nothing at
+ * start-up but the first real segment is refused): fallback, no crash */
+static int test_eperm_at_segment(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  int rc = install_mbind_eperm_filter();
+  if (rc == -ENOTSUP)
+    return SKIP;
+  CHECK(rc == 0);
+  CHECK(syscall(SYS_mbind, NULL, 0UL, 0UL, NULL, 0UL, 0UL) == -1 && errno == EPERM);
+  size_t len = 2u << 20;
+  char *seg = new_segment(len, 0);
+  char notice[512];
+  CHECK(coll_numa_bind_segment(ctx, seg, len, NULL, 0, notice, sizeof(notice)) == 0);
+  fprintf(stderr, "    notice: %s\n", notice);
+  CHECK(strstr(notice, "mbind(MPOL_PREFERRED, node 0) failed: Operation not permitted") != NULL);
+  CHECK(policy_of(seg, NULL) == MPOL_DEFAULT);
+  CHECK(pages_on(seg, len, 0) == (long)(len / (size_t)page_size())); /* still pre-faulted */
+  /* said once: the next segment is quiet */
+  char *seg2 = new_segment(len, 0);
+  CHECK(coll_numa_bind_segment(ctx, seg2, len, NULL, 0, notice, sizeof(notice)) == 0);
+  CHECK(notice[0] == '\0');
+  char *text;
+  CHECK(coll_numa_ctx_report(ctx, 1, &text) == 0);
+  CHECK(strstr(text, "Operation not permitted") != NULL);
+  free(text);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* mbind refused from the start: setup probes it and says so in its notice */
+static int test_eperm_at_setup(void) {
+  int rc = install_mbind_eperm_filter();
+  if (rc == -ENOTSUP)
+    return SKIP;
+  CHECK(rc == 0);
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  fprintf(stderr, "    notice: %s\n", coll_numa_notice(ctx));
+  CHECK(strstr(coll_numa_notice(ctx), "mbind is refused") != NULL);
+  size_t len = 1u << 20;
+  char *seg = new_segment(len, 0);
+  char notice[256];
+  CHECK(coll_numa_bind_segment(ctx, seg, len, NULL, 0, notice, sizeof(notice)) == 0);
+  CHECK(notice[0] == '\0'); /* already told at setup */
+  CHECK(policy_of(seg, NULL) == MPOL_DEFAULT);
+  void *scratch;
+  CHECK(coll_numa_scratch_alloc(ctx, 100000, &scratch) == 0);
+  memset(scratch, 1, 100000);
+  coll_numa_scratch_free(ctx, scratch, 100000);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* MPOL_BIND of more than node 0 has free would be an OOM kill once touched:
+ * it must become MPOL_PREFERRED with a notice. Pages are never touched. */
+static int test_over_capacity(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  setenv("HBMCOLL_MEMORY", "hbm_bind", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  uint64_t fr = node0_free();
+  CHECK(fr > 0);
+  size_t len = (size_t)(fr + (1ull << 30)) / (size_t)page_size() * (size_t)page_size();
+  char *seg = new_segment(len, 1);
+  CHECK(seg != NULL);
+  char notice[512];
+  int mode = -1;
+  CHECK(coll_numa_place_segment(ctx, seg, len, NULL, 0, notice, sizeof(notice), &mode) == 0);
+  fprintf(stderr, "    notice: %s\n", notice);
+  CHECK(mode == MPOL_PREFERRED);
+  CHECK(policy_of(seg, NULL) == MPOL_PREFERRED);
+  CHECK(strstr(notice, "does not fit") != NULL && strstr(notice, "MPOL_PREFERRED") != NULL);
+  munmap(seg, len);
+  /* one that fits stays strict */
+  seg = new_segment(1u << 20, 0);
+  CHECK(coll_numa_place_segment(ctx, seg, 1u << 20, NULL, 0, notice, sizeof(notice), &mode) == 0);
+  CHECK(mode == MPOL_BIND && notice[0] == '\0');
+  munmap(seg, 1u << 20);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int scratch_case(int want_mode) {
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  void *p = NULL;
+  CHECK(coll_numa_scratch_alloc(ctx, 0, &p) == -EINVAL && p == NULL);
+  for (size_t size = 1; size <= (8u << 20); size *= 8) {
+    CHECK(coll_numa_scratch_alloc(ctx, size, &p) == 0);
+    CHECK(((uintptr_t)p & 63) == 0);
+    memset(p, 0xab, size);
+    if (size >= (1u << 20))
+      CHECK(policy_of(p, NULL) == want_mode);
+    coll_numa_scratch_free(ctx, p, size);
+  }
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* DDR: memkind's default kind, no policy */
+static int test_scratch_ddr(void) { return scratch_case(MPOL_DEFAULT); }
+static int test_scratch_memkind_hbw(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  setenv("MEMKIND_HBW_NODES", "0", 1);
+  return scratch_case(MPOL_PREFERRED); /* memkind's HBW_PREFERRED kind */
+}
+static int test_scratch_mbind_path(void) { /* HBM per hbmcoll, not per memkind */
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  return scratch_case(MPOL_PREFERRED); /* our mmap + mbind */
+}
+
+static int test_bad_arguments(void) {
+  coll_numa_ctx_t *ctx = (coll_numa_ctx_t *)0x1;
+  CHECK(coll_numa_setup(2, 2, &ctx) == -EINVAL && ctx == (coll_numa_ctx_t *)0x1);
+  CHECK(coll_numa_setup(-1, 2, &ctx) == -EINVAL);
+  setenv("HBMCOLL_MEMORY", "fast", 1);
+  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
+  unsetenv("HBMCOLL_MEMORY");
+  setenv("HBMCOLL_HBM_NODES", "7", 1); /* no such node here */
+  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
+  setenv("HBMCOLL_HBM_NODES", "0-", 1);
+  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
+  unsetenv("HBMCOLL_HBM_NODES");
+  CHECK(coll_numa_setup(0, 2, &ctx) == 0);
+  char *seg = new_segment(1u << 20, 0);
+  char notice[64];
+  int bad_user = 2;
+  CHECK(coll_numa_bind_segment(ctx, seg + 1, 4096, NULL, 0, notice, sizeof(notice)) == -EINVAL);
+  CHECK(coll_numa_bind_segment(ctx, seg, 0, NULL, 0, notice, sizeof(notice)) == -EINVAL);
+  CHECK(coll_numa_bind_segment(ctx, seg, 4096, &bad_user, 1, notice, sizeof(notice)) == -EINVAL);
+  CHECK(coll_numa_prefault(seg + 1, 10) == -EINVAL);
+  coll_numa_free(ctx);
+  coll_numa_free(NULL);
+  coll_numa_policy_t pol;
+  CHECK(coll_numa_policy_parse("hbm_interleave", "cluster", "1-3,8", &pol) == 0);
+  CHECK(pol.memory == COLL_NUMA_MEM_HBM_INTERLEAVE && pol.bind == COLL_NUMA_BIND_CLUSTER);
+  CHECK(coll_numa_policy_parse("auto", "socket", NULL, &pol) == -EINVAL);
+  CHECK(coll_numa_policy_parse("auto", "core", "a", &pol) == -EINVAL);
+  coll_numa_topo_t *topo = (coll_numa_topo_t *)0x1;
+  CHECK(coll_numa_topo_load("/nonexistent.xml", &topo) == -ENOENT && topo == (coll_numa_topo_t *)0x1);
+  CHECK(coll_numa_topo_load("/etc/hostname", &topo) == -EINVAL);
+  return 0;
+}
+
+/* A foreign topology (HWLOC_XMLFILE) must never bind this machine. The
+ * process calls no memkind HBW function in that case. */
+static int test_foreign_topology_never_binds(void) {
+  const char *xml = getenv("NUMA_FIXTURE_XML");
+  if (xml == NULL)
+    xml = "tests/numa/fixtures/knl-snc4-flat.xml";
+  if (access(xml, R_OK) != 0)
+    return SKIP;
+  cpu_set_t before, after;
+  CHECK(sched_getaffinity(0, sizeof(before), &before) == 0);
+  setenv("HWLOC_XMLFILE", xml, 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(5, 8, &ctx) == 0);
+  CHECK(sched_getaffinity(0, sizeof(after), &after) == 0);
+  CHECK(CPU_EQUAL(&before, &after));
+  char *text;
+  CHECK(coll_numa_ctx_report(ctx, 0, &text) == 0);
+  CHECK(strstr(text, "not binding") != NULL);
+  free(text);
+  char *seg = new_segment(1u << 20, 0), notice[256];
+  CHECK(coll_numa_bind_segment(ctx, seg, 1u << 20, NULL, 0, notice, sizeof(notice)) == 0);
+  CHECK(policy_of(seg, NULL) == MPOL_DEFAULT);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+static int test_report_api(void) {
+  char *text = NULL;
+  CHECK(coll_numa_report(NULL, 3, "ddr", "cluster", 1, &text) == 0);
+  CHECK(strstr(text, "\"rank\": 2") != NULL);
+  free(text);
+  text = (char *)0x1;
+  CHECK(coll_numa_report(NULL, 3, "bogus", NULL, 1, &text) == -EINVAL && text == (char *)0x1);
+  return 0;
+}
+
+/* Pure plan: a segment goes to the HBM node of the cluster most of its users
+ * are in (ties: the lowest cluster); per policy bind/preferred/interleave. */
+static int test_segment_cluster_choice(void) {
+  const char *xml = "tests/numa/fixtures/knl-snc4-flat.xml";
+  if (access(xml, R_OK) != 0)
+    return SKIP;
+  coll_numa_topo_t *topo;
+  coll_numa_plan_t *plan;
+  coll_numa_policy_t pol;
+  coll_numa_place_t pl;
+  CHECK(coll_numa_topo_load(xml, &topo) == 0);
+  CHECK(coll_numa_policy_parse("hbm_bind", NULL, NULL, &pol) == 0);
+  CHECK(coll_numa_plan_make(topo, 8, &pol, &plan) == 0); /* 2 ranks per cluster */
+  int u1[] = {2, 3, 4}, u2[] = {1, 6}, u3[] = {7};
+  CHECK(coll__numa_segment_cluster(plan, u1, 3) == 1);
+  CHECK(coll__numa_segment_cluster(plan, u2, 2) == 0);
+  CHECK(coll__numa_segment_cluster(plan, u3, 1) == 3);
+  CHECK(coll__numa_segment_cluster(plan, NULL, 0) == 0);
+  CHECK(coll__numa_place_for(topo, plan, 1, &pl) == 0);
+  CHECK(pl.mode == MPOL_BIND && pl.nnodes == 1 && pl.nodes[0] == 3 && pl.is_hbm);
+  coll_numa_plan_free(plan);
+  CHECK(coll_numa_policy_parse("hbm_interleave", NULL, NULL, &pol) == 0);
+  CHECK(coll_numa_plan_make(topo, 8, &pol, &plan) == 0);
+  CHECK(coll__numa_place_for(topo, plan, 3, &pl) == 0);
+  CHECK(pl.mode == MPOL_INTERLEAVE && pl.nnodes == 4 && pl.nodes[3] == 7);
+  coll_numa_plan_free(plan);
+  CHECK(coll_numa_policy_parse("ddr", NULL, NULL, &pol) == 0);
+  CHECK(coll_numa_plan_make(topo, 8, &pol, &plan) == 0);
+  CHECK(coll__numa_place_for(topo, plan, 2, &pl) == 0);
+  CHECK(pl.mode == MPOL_PREFERRED && pl.nodes[0] == 4 && !pl.is_hbm);
+  coll_numa_plan_free(plan);
+  coll_numa_topo_free(topo);
+  return 0;
+}
+
+typedef struct {
+  const char *name;
+  int (*fn)(void);
+} test_t;
+
+int main(void) {
+  const test_t tests[] = {
+      {"no_hbm_says_ddr", test_no_hbm_says_ddr},
+      {"cpubind_core", test_cpubind_core},
+      {"bind_none_has_no_pu", test_bind_none_has_no_pu},
+      {"segment_hbm_preferred", test_segment_hbm_preferred},
+      {"segment_hbm_bind", test_segment_hbm_bind},
+      {"segment_hbm_interleave", test_segment_hbm_interleave},
+      {"segment_ddr_policy", test_segment_ddr_policy},
+      {"eperm_at_segment", test_eperm_at_segment},
+      {"eperm_at_setup", test_eperm_at_setup},
+      {"over_capacity", test_over_capacity},
+      {"scratch_ddr", test_scratch_ddr},
+      {"scratch_memkind_hbw", test_scratch_memkind_hbw},
+      {"scratch_mbind_path", test_scratch_mbind_path},
+      {"bad_arguments", test_bad_arguments},
+      {"foreign_topology_never_binds", test_foreign_topology_never_binds},
+      {"report_api", test_report_api},
+      {"segment_cluster_choice", test_segment_cluster_choice},
+  };
+  int passed = 0, failed = 0, skipped = 0;
+  for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(60);
+      clear_env();
+      _exit(tests[i].fn());
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    int skip = WIFEXITED(st) && WEXITSTATUS(st) == SKIP;
+    printf("%s %s", ok ? "ok  " : skip ? "skip" : "FAIL", tests[i].name);
+    if (WIFSIGNALED(st))
+      printf(" (killed by signal %d)", WTERMSIG(st));
+    printf("\n");
+    passed += ok;
+    skipped += skip;
+    failed += !ok && !skip;
+  }
+  printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  return failed ? 1 : 0;
+}
