@@ -13,7 +13,7 @@ def sources(pattern):
     return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
 
 
-numa_sources = []  # wired in with the placement layer
+numa_sources = [s for s in sources("numa/*.c") if not s.endswith("_main.c")]
 
 core = Extension(
     "hbmcoll._core",

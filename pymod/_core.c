@@ -79,11 +79,13 @@ static PyObject *hb_comm_error(hb_comm_t *self, int rc) {
 /* ---- Comm ---------------------------------------------------------------- */
 
 static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *names[] = {"rank", "size", "key", "timeout", NULL};
+  static char *names[] = {"rank", "size", "key", "timeout", "placement", NULL};
   int rank, size;
   const char *key;
   double timeout = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "iis|d", names, &rank, &size, &key, &timeout))
+  PyObject *placement = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iis|dO", names, &rank, &size, &key, &timeout,
+                                   &placement))
     return NULL;
   hb_comm_t *self = (hb_comm_t *)type->tp_alloc(type, 0);
   if (self == NULL) return NULL;
@@ -98,6 +100,15 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return PyErr_Format(PyExc_ValueError, "rank %d is not in range for size %d", rank, size);
   }
   coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout};
+  if (placement != Py_None) {
+    if (!PyObject_TypeCheck(placement, self->state->PlacementType)) {
+      Py_DECREF(self);
+      return PyErr_Format(PyExc_TypeError, "placement must be a hbmcoll._core.Placement");
+    }
+    cfg.place = hb_placement_place;
+    cfg.place_arg = hb_placement_ctx(placement);
+    self->placement = Py_NewRef(placement);
+  }
   coll_comm_t *comm = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -127,12 +138,14 @@ static void comm_dealloc(hb_comm_t *self) {
     Py_END_ALLOW_THREADS
   }
   if (self->lock) PyThread_free_lock(self->lock);
+  Py_CLEAR(self->placement);
   tp->tp_free(self);
   Py_DECREF(tp);
 }
 
 static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
   Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->placement);
   return 0;
 }
 
@@ -301,6 +314,7 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
       obj->state = self->state;
       obj->lock = PyThread_allocate_lock();
       obj->comm = sub;
+      obj->placement = Py_XNewRef(self->placement);
       coll_comm_set_interrupt(sub, hb_interrupt, NULL);
       result = (PyObject *)obj;
     } else {
@@ -461,6 +475,8 @@ static PyObject *hb_strerror(PyObject *m, PyObject *arg) {
 
 static PyMethodDef hb_functions[] = {
     {"strerror", hb_strerror, METH_O, "text of a libcoll code"},
+    {"numa_report", (PyCFunction)(void (*)(void))hb_numa_report, METH_VARARGS | METH_KEYWORDS,
+     "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True) -> str"},
     {NULL, NULL, 0, NULL}};
 
 static int hb_exec(PyObject *m) {
@@ -485,9 +501,10 @@ static int hb_exec(PyObject *m) {
   st->CommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &comm_spec, NULL);
   st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &arena_spec, NULL);
-  if (!st->CommType || !st->RequestType || !st->ArenaBufferType) return -1;
+  st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
+  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType) return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
-      PyModule_AddType(m, st->ArenaBufferType) < 0)
+      PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -508,6 +525,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->CommType);
   Py_VISIT(st->RequestType);
   Py_VISIT(st->ArenaBufferType);
+  Py_VISIT(st->PlacementType);
   return 0;
 }
 
@@ -520,6 +538,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->CommType);
   Py_CLEAR(st->RequestType);
   Py_CLEAR(st->ArenaBufferType);
+  Py_CLEAR(st->PlacementType);
   return 0;
 }
 

@@ -9,7 +9,7 @@
 
 typedef struct {
   PyObject *Error, *MismatchError, *PeerLostError, *TimeoutError;
-  PyTypeObject *CommType, *RequestType, *ArenaBufferType;
+  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -27,6 +27,7 @@ typedef struct {
   coll_comm_t *comm;
   PyThread_type_lock lock; /* one Python thread at a time */
   hb_state_t *state;
+  PyObject *placement; /* Placement the segment was placed with, or NULL */
 } hb_comm_t;
 
 /* buffer.c */
@@ -43,5 +44,11 @@ int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op
 /* request.c */
 extern PyType_Spec hb_request_spec;
 PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_t *rb);
+
+/* placement.c */
+extern PyType_Spec hb_placement_spec;
+int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks, int n);
+void *hb_placement_ctx(PyObject *placement);
+PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw);
 
 #endif

@@ -84,11 +84,19 @@ typedef struct coll_req coll_req_t;
  * COLL_EINTERRUPTED (the Python layer checks for Ctrl-C here). */
 typedef int (*coll_interrupt_fn)(void *arg);
 
+/* Places a fresh shared mapping before its first touch (the numa/ layer's
+ * coll_numa_place_segment, supplied by the caller so libcoll does not depend
+ * on hwloc): `local_ranks` are the node-local ranks that use it most. */
+typedef int (*coll_place_fn)(void *arg, void *addr, size_t len, const int *local_ranks, int n);
+
 typedef struct {
   int rank;               /* this process, 0..size-1 */
   int size;               /* processes in the communicator, all on this node */
   const char *job_key;    /* same string on every rank of one job; keeps jobs apart */
   double timeout_s;       /* deadline for every wait; <= 0: HBMCOLL_TIMEOUT or 60 s */
+  coll_place_fn place;    /* optional: rank 0 places the segment with it */
+  void *place_arg;
+  const int *local_ranks; /* optional: node-local rank of each rank (default: the rank) */
 } coll_comm_config_t;
 
 /* Collective over `size` processes: build a communicator. Rank 0 creates the

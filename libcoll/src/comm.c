@@ -67,6 +67,19 @@ static void comm_record_identity(coll_comm_t *c) {
       if (CPU_ISSET(cpu, &set)) me->cpumask[cpu / 64] |= 1ull << (cpu % 64);
 }
 
+/* Before anything touches the segment: control and staging areas near the
+ * ranks that use them all, each rank's arena part near that rank. The policy
+ * lives on the memfd object, so pages other ranks fault in follow it too.
+ * Placement is advice: a failure leaves the default policy. */
+static void comm_place(coll_comm_t *c) {
+  if (c->place == NULL) return;
+  coll__header_t *h = c->hdr;
+  c->place(c->place_arg, c->base + h->ctl_off, h->arena_off - h->ctl_off, c->local_of, c->size);
+  for (int r = 0; r < c->size && h->arena_bytes; r++)
+    c->place(c->place_arg, c->base + h->arena_off + (size_t)r * h->arena_bytes, h->arena_bytes,
+             &c->local_of[r], 1);
+}
+
 /* Creation may fail half way; *comm_p gets a communicator either way so the
  * caller can read the error text, and must free it. */
 static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
@@ -80,8 +93,15 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   c->key = strdup(cfg->job_key);
   c->seen_done = calloc((size_t)cfg->size, sizeof *c->seen_done);
   c->pidfd = malloc((size_t)cfg->size * sizeof *c->pidfd);
-  if (!c->key || !c->seen_done || !c->pidfd) return comm_fail_local(c, -ENOMEM, "out of memory");
-  for (int r = 0; r < c->size; r++) c->pidfd[r] = -1;
+  c->local_of = malloc((size_t)cfg->size * sizeof *c->local_of);
+  if (!c->key || !c->seen_done || !c->pidfd || !c->local_of)
+    return comm_fail_local(c, -ENOMEM, "out of memory");
+  for (int r = 0; r < c->size; r++) {
+    c->pidfd[r] = -1;
+    c->local_of[r] = cfg->local_ranks ? cfg->local_ranks[r] : r;
+  }
+  c->place = cfg->place;
+  c->place_arg = cfg->place_arg;
 
   if (c->rank == 0) {
     coll__header_t h;
@@ -95,6 +115,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     c->hdr = (coll__header_t *)c->base;
     memcpy(c->hdr, &h, sizeof h);
     c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);
+    comm_place(c);
     coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
   }
   char err[COLL_TEXT_MAX] = "";
@@ -159,12 +180,21 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   int newrank = 0;
   for (int i = 0; i < n; i++)
     if (all[i].rank == c->rank) newrank = i;
-  free(all);
   char subkey[200];
   snprintf(subkey, sizeof subkey, "%.150s/s%llu.%d", c->key, (unsigned long long)split_no, color);
+  int *local = malloc((size_t)n * sizeof *local);
+  if (local == NULL) {
+    free(all);
+    return -ENOMEM;
+  }
+  for (int i = 0; i < n; i++) local[i] = c->local_of[all[i].rank];
+  free(all);
   coll_comm_config_t cfg = {.rank = newrank, .size = n, .job_key = subkey,
-                            .timeout_s = c->params.timeout_s};
-  return coll_comm_create(&cfg, comm_p);
+                            .timeout_s = c->params.timeout_s, .place = c->place,
+                            .place_arg = c->place_arg, .local_ranks = local};
+  rc = coll_comm_create(&cfg, comm_p);
+  free(local);
+  return rc;
 }
 
 void coll_comm_free(coll_comm_t *c) {
@@ -177,6 +207,7 @@ void coll_comm_free(coll_comm_t *c) {
     for (int r = 0; r < c->size; r++)
       if (c->pidfd[r] >= 0) close(c->pidfd[r]);
   free(c->pidfd);
+  free(c->local_of);
   free(c->seen_done);
   free(c->key);
   free(c);

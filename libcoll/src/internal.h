@@ -105,6 +105,9 @@ struct coll_comm {
   /* local failure record (also for errors found before the header exists) */
   int error;
   char error_text[COLL_TEXT_MAX];
+  coll_place_fn place;
+  void *place_arg;
+  int *local_of; /* node-local rank of each rank */
   coll__arena_t *arena;
   coll__worker_t *worker;
 };

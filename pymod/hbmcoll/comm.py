@@ -7,6 +7,7 @@ array, torch tensor, bytearray).
 """
 import os
 import secrets
+import sys
 import socket
 import threading
 
@@ -101,7 +102,12 @@ class Communicator:
         self.local_rank = self.rank if local_rank is None else local_rank
         self.local_size = self.size if local_size is None else local_size
         self.launcher = launcher
-        self.placement = placement or {}
+        self._placement = placement
+
+    @property
+    def pu(self):
+        """The PU (OS index) this rank is pinned to, or None."""
+        return self._placement.pu if self._placement is not None else None
 
     def __repr__(self):
         return f"<hbmcoll.Communicator rank {self.rank} of {self.size}>"
@@ -219,7 +225,7 @@ class Communicator:
         c = -1 if color is None else int(color)
         sub = self._c.split(c, int(key))
         return None if sub is None else Communicator(sub, launcher=self.launcher,
-                                                     placement=self.placement)
+                                                     placement=self._placement)
 
     def set_algorithm(self, collective, name):
         """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
@@ -262,13 +268,15 @@ def empty(shape, dtype="float32", comm=None):
     return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
 
 
-def _bind_and_describe(info):
-    """Pin this process per HBMCOLL_BIND (placement layer); returns a dict."""
-    try:
-        from . import topo
-    except ImportError:
-        return {}
-    return topo.apply_binding(info.local_rank, info.local_size)
+def _place(info):
+    """Pin this process and plan its buffers (numa/ layer); print the one
+    notice line (no HBM, mbind refused, ...) once per job, from local rank 0."""
+    from . import topo
+
+    placement = topo.setup(info.local_rank, info.local_size)
+    if info.local_rank == 0 and placement.notice and not os.environ.get("HBMCOLL_QUIET"):
+        print(placement.notice, file=sys.stderr, flush=True)
+    return placement
 
 
 def init(comm=None, timeout=None):
@@ -289,8 +297,8 @@ def init(comm=None, timeout=None):
         return _init_from_mpi(comm, generation, timeout)
     info = launch_env.detect()
     launch_env.check_single_node(info)
-    placement = _bind_and_describe(info)
-    core = _core.Comm(info.rank, info.size, f"{info.job_key}/w{generation}", timeout)
+    placement = _place(info)
+    core = _core.Comm(info.rank, info.size, f"{info.job_key}/w{generation}", timeout, placement)
     return Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
 
 
@@ -303,6 +311,6 @@ def _init_from_mpi(mpi_comm, generation, timeout):
                           "bridge is not built yet, so hbmcoll needs all ranks on one node")
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
-    placement = _bind_and_describe(info)
-    core = _core.Comm(rank, size, f"{info.job_key}/w{generation}", timeout)
+    placement = _place(info)
+    core = _core.Comm(rank, size, f"{info.job_key}/w{generation}", timeout, placement)
     return Communicator(core, rank, size, "mpi4py", placement)

@@ -1,0 +1,54 @@
+# hbmcoll - the two commands of the README do all set-up on a fresh Debian machine:
+#   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
+#   make test   installs what is missing, builds, runs every test stage
+# Other targets: build, deps, ctest, numa-check, pytest, bench, bench-quick, clean.
+
+PYTHON ?= python3
+BUILD := build
+CC ?= cc
+export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev numactl \
+               mpich libmpich-dev
+PY_PKGS := numpy pytest torch==2.13.0 mpi4py
+
+.PHONY: all deps build demo test ctest pytest bench bench-quick clean
+
+all: build
+
+# Debian packages first (apt-get update only when something is missing),
+# then the Python packages this project tests against.
+deps:
+	@missing=$$(for p in $(DEBIAN_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@$(PYTHON) tools/pip_missing.py $(PY_PKGS)
+
+# Builds the extension in place (pymod/hbmcoll/_core*.so) and installs the
+# package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work.
+build: deps
+	$(PYTHON) setup.py -q build_ext --inplace
+	@$(PYTHON) -c "import hbmcoll" 2>/dev/null && command -v hbmcoll-run >/dev/null || \
+	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
+
+demo: build
+	$(PYTHON) -m hbmcoll.run -n 4 examples/demo.py
+
+include numa/Makefile.inc
+-include tests/c/Makefile.inc
+
+pytest: build
+	$(PYTHON) -m pytest -q tests/py
+
+test: build ctest numa-check pytest
+
+bench: build
+	$(PYTHON) -m hbmcoll.bench
+
+bench-quick: build
+	$(PYTHON) -m hbmcoll.bench --quick
+
+clean:
+	rm -rf $(BUILD) pymod/hbmcoll/_core*.so pymod/*.egg-info

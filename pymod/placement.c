@@ -1,0 +1,124 @@
+/*
+ * placement.c - hbmcoll._core.Placement: this process's numa/ context (the
+ * discovered topology, the plan, the pinning done at setup), and
+ * report()/notice for hbmcoll.topology(); plus numa_report(), the
+ * apply-nothing planner behind `python -m hbmcoll.topo`.
+ */
+#include "core.h"
+
+#include <errno.h>
+
+#include "coll_numa.h"
+
+typedef struct {
+  PyObject_HEAD
+  coll_numa_ctx_t *ctx;
+  int local_rank;
+} hb_placement_t;
+
+static PyObject *placement_error(int rc, const char *what) {
+  if (rc == -EINVAL)
+    return PyErr_Format(PyExc_ValueError,
+                        "%s: invalid placement setting (HBMCOLL_MEMORY, HBMCOLL_BIND, "
+                        "HBMCOLL_HBM_NODES or the arguments)", what);
+  if (rc == -ENOMEM) return PyErr_NoMemory();
+  PyObject *args = Py_BuildValue("(is)", -rc, what);
+  if (args) PyErr_SetObject(PyExc_OSError, args);
+  Py_XDECREF(args);
+  return NULL;
+}
+
+static PyObject *placement_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *names[] = {"local_rank", "local_size", NULL};
+  int local_rank, local_size;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "ii", names, &local_rank, &local_size)) return NULL;
+  coll_numa_ctx_t *ctx = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll_numa_setup(local_rank, local_size, &ctx);
+  Py_END_ALLOW_THREADS
+  if (rc) return placement_error(rc, "placement setup");
+  hb_placement_t *self = (hb_placement_t *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    coll_numa_free(ctx);
+    return NULL;
+  }
+  self->ctx = ctx;
+  self->local_rank = local_rank;
+  return (PyObject *)self;
+}
+
+static void placement_dealloc(hb_placement_t *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  coll_numa_free(self->ctx);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static PyObject *placement_report(hb_placement_t *self, PyObject *args) {
+  int json = 1;
+  if (!PyArg_ParseTuple(args, "|p", &json)) return NULL;
+  char *text = NULL;
+  int rc = coll_numa_ctx_report(self->ctx, json, &text);
+  if (rc) return placement_error(rc, "placement report");
+  PyObject *s = PyUnicode_FromString(text);
+  free(text);
+  return s;
+}
+
+static PyObject *placement_notice(hb_placement_t *self, void *c) {
+  (void)c;
+  return PyUnicode_FromString(coll_numa_notice(self->ctx));
+}
+
+static PyObject *placement_pu(hb_placement_t *self, void *c) {
+  (void)c;
+  int pu = coll_numa_rank_pu(self->ctx, self->local_rank);
+  if (pu < 0) Py_RETURN_NONE;
+  return PyLong_FromLong(pu);
+}
+
+/* The coll_place_fn handed to libcoll: runs in C, no Python. */
+int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks, int n) {
+  char notice[256];
+  return coll_numa_place_segment(arg, addr, len, local_ranks, n, notice, sizeof notice, NULL);
+}
+
+void *hb_placement_ctx(PyObject *obj) { return ((hb_placement_t *)obj)->ctx; }
+
+static PyMethodDef placement_methods[] = {
+    {"report", (PyCFunction)placement_report, METH_VARARGS, "report(json=True) -> str"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef placement_getset[] = {
+    {"notice", (getter)placement_notice, NULL, "one line on fallbacks, or ''", NULL},
+    {"pu", (getter)placement_pu, NULL, "the PU this rank was pinned to, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot placement_slots[] = {{Py_tp_new, placement_new},
+                                        {Py_tp_dealloc, placement_dealloc},
+                                        {Py_tp_methods, placement_methods},
+                                        {Py_tp_getset, placement_getset},
+                                        {0, NULL}};
+
+PyType_Spec hb_placement_spec = {"hbmcoll._core.Placement", sizeof(hb_placement_t), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, placement_slots};
+
+PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw) {
+  (void)module;
+  static char *names[] = {"topology", "ranks", "memory", "bind", "json", NULL};
+  const char *path = NULL, *memory = NULL, *bind = NULL;
+  int ranks = 0, json = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zizzp", names, &path, &ranks, &memory, &bind, &json))
+    return NULL;
+  char *text = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll_numa_report(path, ranks, memory, bind, json, &text);
+  Py_END_ALLOW_THREADS
+  if (rc == -ENOENT) return PyErr_Format(PyExc_FileNotFoundError, "no topology at %s", path);
+  if (rc) return placement_error(rc, path ? path : "this machine");
+  PyObject *s = PyUnicode_FromString(text);
+  free(text);
+  return s;
+}
