@@ -20,14 +20,17 @@ _KINDS = {"barrier": _core.BARRIER, "bcast": _core.BCAST, "gather": _core.GATHER
           "scatter": _core.SCATTER, "allgather": _core.ALLGATHER, "reduce": _core.REDUCE,
           "allreduce": _core.ALLREDUCE, "reduce_scatter": _core.REDUCE_SCATTER,
           "alltoall": _core.ALLTOALL}
+_BCAST, _ALLREDUCE, _REDUCE, _GATHER = _core.BCAST, _core.ALLREDUCE, _core.REDUCE, _core.GATHER
+_ALLGATHER, _SCATTER, _REDUCE_SCATTER = _core.ALLGATHER, _core.SCATTER, _core.REDUCE_SCATTER
+_ALLTOALL = _core.ALLTOALL
 _init_count = 0
 _init_lock = threading.Lock()
 
 
 def _op_code(op):
-    if isinstance(op, int) and 0 <= op < len(set(_OPS.values())):
+    if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(set(_OPS.values())):
         return op
-    code = _OPS.get(str(op).lower()) if isinstance(op, str) else None
+    code = _OPS.get(op.lower()) if isinstance(op, str) else None
     if code is None:
         raise ValueError(f"unknown op {op!r}: use one of sum, prod, min, max, avg")
     return code
@@ -120,12 +123,6 @@ class Communicator:
             raise ValueError(f"root {root} is not a rank of this communicator (size {self.size})")
         return root
 
-    def _go(self, nonblocking, kind, send, recv, op, root, result):
-        if nonblocking:
-            return Request(self._c.start(kind, send, recv, op, root), result)
-        self._c.run(kind, send, recv, op, root)
-        return result
-
     # -- collectives -----------------------------------------------------------
     def barrier(self):
         self._c.run(_core.BARRIER)
@@ -133,90 +130,127 @@ class Communicator:
     def ibarrier(self):
         return Request(self._c.start(_core.BARRIER), None)
 
-    def bcast(self, buf, root=0, _nb=False):
+    def bcast(self, buf, root=0):
         """Broadcast root's buf into every rank's buf, in place; returns buf."""
-        return self._go(_nb, _core.BCAST, None, buf, 0, self._root(root), buf)
+        self._c.run(_BCAST, None, buf, 0, root if root.__class__ is int else self._root(root))
+        return buf
 
-    def allreduce(self, buf, op="sum", out=None, _nb=False):
+    def allreduce(self, buf, op="sum", out=None):
         """Reduce buf over all ranks; the result goes to out (default: buf, in place)."""
-        out = buf if out is None else out
-        return self._go(_nb, _core.ALLREDUCE, buf, out, _op_code(op), 0, out)
-
-    def reduce(self, buf, op="sum", root=0, out=None, _nb=False):
-        """Reduce buf over all ranks into root's out (default: buf); others get None."""
-        root = self._root(root)
-        if self.rank == root and out is None:
+        if out is None:
             out = buf
-        res = out if self.rank == root else None
-        return self._go(_nb, _core.REDUCE, buf, out if self.rank == root else None,
-                        _op_code(op), root, res)
+        self._c.run(_ALLREDUCE, buf, out, _OPS.get(op) if op in _OPS else _op_code(op), 0)
+        return out
 
-    def gather(self, buf, root=0, out=None, _nb=False):
+    def _reduce_args(self, buf, op, root, out):
+        root = self._root(root)
+        if self.rank == root:
+            return (_REDUCE, buf, buf if out is None else out, _op_code(op), root), \
+                buf if out is None else out
+        return (_REDUCE, buf, None, _op_code(op), root), None
+
+    def reduce(self, buf, op="sum", root=0, out=None):
+        """Reduce buf over all ranks into root's out (default: buf); others get None."""
+        args, res = self._reduce_args(buf, op, root, out)
+        self._c.run(*args)
+        return res
+
+    def _gather_args(self, buf, root, out):
+        root = self._root(root)
+        if self.rank != root:
+            return (_GATHER, buf, None, 0, root), None
+        if out is None:
+            out = _empty_like(buf, (self.size,) + _shape(buf))
+        return (_GATHER, buf, out, 0, root), out
+
+    def gather(self, buf, root=0, out=None):
         """Root gets out of shape (size, *buf.shape); others get None."""
-        root = self._root(root)
-        if self.rank == root and out is None:
-            out = _empty_like(buf, (self.size,) + _shape(buf))
-        res = out if self.rank == root else None
-        return self._go(_nb, _core.GATHER, buf, res, 0, root, res)
+        args, res = self._gather_args(buf, root, out)
+        self._c.run(*args)
+        return res
 
-    def allgather(self, buf, out=None, _nb=False):
+    def _allgather_args(self, buf, out):
+        if out is None:
+            out = _empty_like(buf, (self.size,) + _shape(buf))
+        return (_ALLGATHER, buf, out, 0, 0), out
+
+    def allgather(self, buf, out=None):
         """Every rank gets out of shape (size, *buf.shape)."""
-        if out is None:
-            out = _empty_like(buf, (self.size,) + _shape(buf))
-        return self._go(_nb, _core.ALLGATHER, buf, out, 0, 0, out)
+        args, res = self._allgather_args(buf, out)
+        self._c.run(*args)
+        return res
 
-    def scatter(self, buf, root=0, out=None, _nb=False):
-        """Root's buf of shape (size, *s) is split; rank i gets buf[i] in out (shape s).
-        Non-roots pass buf=None (or anything) and out, or only buf to learn the shape."""
+    def _scatter_args(self, buf, root, out):
         root = self._root(root)
         if out is None:
-            if buf is None or self.rank != root and not _shape(buf):
-                raise ValueError("scatter: pass out= on every rank (or buf with shape (size, ...))")
+            if buf is None:
+                raise ValueError("scatter: pass out= (the shape of one block) on every rank")
             shp = _shape(buf)
-            if shp[0] != self.size:
+            if not shp or shp[0] != self.size:
                 raise ValueError(f"scatter: buf's first dimension must be size ({self.size})")
             out = _empty_like(buf, shp[1:])
-        send = buf if self.rank == root else None
-        return self._go(_nb, _core.SCATTER, send, out, 0, root, out)
+        return (_SCATTER, buf if self.rank == root else None, out, 0, root), out
 
-    def reduce_scatter(self, buf, op="sum", out=None, _nb=False):
-        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+    def scatter(self, buf, root=0, out=None):
+        """Root's buf of shape (size, *s) is split; rank i gets block i in out (shape s).
+        Non-roots may pass buf=None with out=, or a buf of the full shape to size out."""
+        args, res = self._scatter_args(buf, root, out)
+        self._c.run(*args)
+        return res
+
+    def _reduce_scatter_args(self, buf, op, out):
         if out is None:
             shp = _shape(buf)
             if not shp or shp[0] != self.size:
                 raise ValueError(f"reduce_scatter: buf's first dimension must be size ({self.size}), or pass out=")
             out = _empty_like(buf, shp[1:])
-        return self._go(_nb, _core.REDUCE_SCATTER, buf, out, _op_code(op), 0, out)
+        return (_REDUCE_SCATTER, buf, out, _op_code(op), 0), out
 
-    def alltoall(self, buf, out=None, _nb=False):
-        """Block j of rank i's buf (first dimension size) lands in block i of rank j's out."""
+    def reduce_scatter(self, buf, op="sum", out=None):
+        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+        args, res = self._reduce_scatter_args(buf, op, out)
+        self._c.run(*args)
+        return res
+
+    def _alltoall_args(self, buf, out):
         if out is None:
             out = _empty_like(buf, _shape(buf))
-        return self._go(_nb, _core.ALLTOALL, buf, out, 0, 0, out)
+        return (_ALLTOALL, buf, out, 0, 0), out
+
+    def alltoall(self, buf, out=None):
+        """Block j of rank i's buf (first dimension size) lands in block i of rank j's out."""
+        args, res = self._alltoall_args(buf, out)
+        self._c.run(*args)
+        return res
+
+    # -- nonblocking: same arguments, return a Request whose wait() gives the result
+    def _start(self, args, result):
+        return Request(self._c.start(*args), result)
 
     def ibcast(self, buf, root=0):
-        return self.bcast(buf, root, _nb=True)
+        return self._start((_BCAST, None, buf, 0, self._root(root)), buf)
 
     def iallreduce(self, buf, op="sum", out=None):
-        return self.allreduce(buf, op, out, _nb=True)
+        out = buf if out is None else out
+        return self._start((_ALLREDUCE, buf, out, _op_code(op), 0), out)
 
     def ireduce(self, buf, op="sum", root=0, out=None):
-        return self.reduce(buf, op, root, out, _nb=True)
+        return self._start(*self._reduce_args(buf, op, root, out))
 
     def igather(self, buf, root=0, out=None):
-        return self.gather(buf, root, out, _nb=True)
+        return self._start(*self._gather_args(buf, root, out))
 
     def iallgather(self, buf, out=None):
-        return self.allgather(buf, out, _nb=True)
+        return self._start(*self._allgather_args(buf, out))
 
     def iscatter(self, buf, root=0, out=None):
-        return self.scatter(buf, root, out, _nb=True)
+        return self._start(*self._scatter_args(buf, root, out))
 
     def ireduce_scatter(self, buf, op="sum", out=None):
-        return self.reduce_scatter(buf, op, out, _nb=True)
+        return self._start(*self._reduce_scatter_args(buf, op, out))
 
     def ialltoall(self, buf, out=None):
-        return self.alltoall(buf, out, _nb=True)
+        return self._start(*self._alltoall_args(buf, out))
 
     # -- communicators ---------------------------------------------------------
     def split(self, color, key=0):
