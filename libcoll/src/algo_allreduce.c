@@ -11,8 +11,9 @@
  *
  * "rsag" (large): pipelined reduce-scatter + allgather. Each chunk is cut into
  * P slices (64-byte aligned where possible); rank r reduces slice r of the
- * chunk from all P slots in one pass and writes the result over its own input
- * slice (only r reads that region), then, one round later, every rank copies
+ * chunk from all P slots in one pass (its own input straight from its send
+ * buffer: a rank never stages its own slice) and writes the result into that
+ * slice of its slot (only r writes there), then, one round later, every rank copies
  * all P result slices of that chunk into its output while the next chunk is
  * being reduced. Staging chunks stay in cache, so memory sees about one read
  * of the input and one write of the output per rank: the 2PN bound.
@@ -108,22 +109,25 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     uint64_t t = t0 + k;
     int p = (int)(t & 1);
     size_t off = k * CE, n = k < K ? coll__min(CE, a->count - off) : 0;
-    if (k < K && !zc) {
+    size_t mlo = ar_slice(me, P, n), mhi = ar_slice(me + 1, P, n);
+    if (k < K && !zc) { /* stage what peers reduce: all but my own slice */
       if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-      memcpy(coll__slot(c, me, p), send + off * es, n * es);
+      uint8_t *slot = coll__slot(c, me, p);
+      memcpy(slot, send + off * es, mlo * es);
+      memcpy(slot + mhi * es, send + (off + mhi) * es, (n - mhi) * es);
     }
     coll__publish_arrive(c, t);
     if (k < K && !zc) coll__slot_release(c, p, t + 1, -1);
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
     if (rc) return rc;
-    if (k < K) { /* reduce my slice of chunk k */
-      size_t lo = ar_slice(me, P, n), hi = ar_slice(me + 1, P, n);
+    if (k < K) { /* reduce my slice of chunk k; my own part straight from send */
       for (int q = 0; q < P; q++) {
         uint64_t qoff = coll__desc(c, q)->send_off;
-        in[q] = (qoff ? c->base + qoff + off * es : coll__slot(c, q, p)) + lo * es;
+        in[q] = (qoff ? c->base + qoff + off * es : coll__slot(c, q, p)) + mlo * es;
       }
-      uint8_t *out = zc ? recv + (off + lo) * es : coll__slot(c, me, p) + lo * es;
-      if (hi > lo) coll_reduce_local(a->dtype, a->op, out, in, (size_t)P, hi - lo, (size_t)P);
+      if (!zc) in[me] = send + (off + mlo) * es;
+      uint8_t *out = zc ? recv + (off + mlo) * es : coll__slot(c, me, p) + mlo * es;
+      if (mhi > mlo) coll_reduce_local(a->dtype, a->op, out, in, (size_t)P, mhi - mlo, (size_t)P);
     }
     if (k >= 1 && want) { /* gather the result slices of chunk k-1 */
       int pj = (int)((t - 1) & 1);

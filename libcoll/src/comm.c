@@ -131,11 +131,17 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   if ((rc = coll__arena_init(c)) != 0) return comm_fail_local(c, rc, "arena");
   c->spin_iters = c->params.spin_iters;
   if (c->spin_iters < 0) c->spin_iters = 20000; /* until every rank's CPU mask is known */
+  c->yield_budget = 1 << 30;
   coll_args_t barrier = {.kind = COLL_BARRIER};
   if ((rc = coll__execute(c, &barrier)) != 0) return rc;
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) c->pidfd[r] = (int)syscall(SYS_pidfd_open, c->ctl[r].pid, 0);
-  if (c->params.spin_iters < 0) c->spin_iters = coll__job_cpus(c) >= c->size ? 20000 : 64;
+  /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
+   * off the CPU quickly, since the rank it waits for may need that very CPU;
+   * sched_yield does not reliably hand it over (CFS), a futex sleep does. */
+  int roomy = coll__job_cpus(c) >= c->size;
+  if (c->params.spin_iters < 0) c->spin_iters = roomy ? 20000 : 64;
+  c->yield_budget = roomy ? 1 << 30 : 2;
   return 0;
 }
 

@@ -98,6 +98,7 @@ struct coll_comm {
   uint64_t *seen_done;        /* per peer: done >= this is known */
   int *pidfd;                 /* per peer, -1 if none */
   long spin_iters;
+  int yield_budget; /* sched_yield calls before sleeping on the futex */
   /* interrupt check, only for inline (caller thread) runs */
   coll_interrupt_fn interrupt_fn;
   void *interrupt_arg;

@@ -29,7 +29,7 @@
 
 #define SYNC_SLICE_MS 10     /* futex sleep slice */
 #define SYNC_CHECK_S 0.02    /* peer/interrupt/deadline checks in the slow path */
-#define SYNC_YIELD_S 0.002   /* yield this long before sleeping */
+#define SYNC_YIELD_S 0.002   /* yield at most this long before sleeping */
 
 static inline void sync_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -137,12 +137,14 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
   coll__ctl_t *pc = &c->ctl[peer];
   double start = sync_now(), next_check = start + SYNC_CHECK_S;
   double deadline = start + c->params.timeout_s;
+  int yields = 0;
   for (;;) {
     if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
     int rc = coll__check_abort(c);
     if (rc) return rc;
     double now = sync_now();
-    if (now - start < SYNC_YIELD_S) {
+    if (yields < c->yield_budget && now - start < SYNC_YIELD_S) {
+      yields++;
       sched_yield();
     } else {
       uint32_t w = atomic_load_explicit(&pc->wake, memory_order_seq_cst);
