@@ -62,16 +62,22 @@ typedef enum {
 
 typedef enum { COLL_SUM = 0, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG, COLL_OP_COUNT } coll_op_t;
 
-/* Element size in bytes, or 0 for an unknown dtype. */
+/* Element size in bytes, or 0 for an unknown dtype. Names are "float32",
+ * "sum", ...; "unknown" for a value out of range. */
 size_t coll_dtype_size(coll_dtype_t dtype);
 const char *coll_dtype_name(coll_dtype_t dtype);
 const char *coll_op_name(coll_op_t op);
 
 /* out[i] = op(inputs[0][i], ..., inputs[n-1][i]) for i < count, left to right
  * over the inputs, so every caller gets the bitwise same result. float16 and
- * bfloat16 accumulate in float32 and round once. COLL_AVG divides the sum by
- * `divisor` (integers: truncating division). `out` may alias any input.
- * Returns 0, or COLL_EBADARG for an unknown dtype/op or ninputs == 0. */
+ * bfloat16 accumulate in float32 and round once (to nearest even). Integer
+ * SUM/PROD wrap around; COLL_AVG divides the (wrapped) sum by `divisor`,
+ * integers with truncating division, floats in their accumulation type.
+ * MIN/MAX use `a < b`: a NaN in inputs[0] propagates, a later one is ignored;
+ * of equal values (+0/-0) the earlier input wins. `out` may be the same
+ * pointer as any input (partial overlap is not supported).
+ * Returns 0 (count == 0 touches nothing), or COLL_EBADARG for an unknown
+ * dtype/op, ninputs == 0, divisor == 0 with COLL_AVG, or a NULL pointer. */
 int coll_reduce_local(coll_dtype_t dtype, coll_op_t op, void *out, const void *const *inputs,
                       size_t ninputs, size_t count, size_t divisor);
 
