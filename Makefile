@@ -1,7 +1,7 @@
 # hbmcoll - the two commands of the README do all set-up on a fresh Debian machine:
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
-# Other targets: build, deps, ctest, numa-check, pytest, bench, bench-quick, clean.
+# Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench, bench-quick, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -37,12 +37,13 @@ demo: build
 	$(PYTHON) -m hbmcoll.run -n 4 examples/demo.py
 
 include numa/Makefile.inc
+include tests/emulation/Makefile.inc
 -include tests/c/Makefile.inc
 
 pytest: build
 	$(PYTHON) -m pytest -q tests/py
 
-test: build ctest numa-check pytest
+test: build ctest numa-check test-emulation pytest
 
 bench: build
 	$(PYTHON) -m hbmcoll.bench
