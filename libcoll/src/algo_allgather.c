@@ -4,7 +4,9 @@
  * Each round every rank stages the next slot-sized chunk of its block,
  * publishes, waits for all, and copies chunk k of every other block into
  * place; descriptors are compared by everyone at the first round. The own
- * block is a local copy (skipped in place).
+ * block is a local copy (skipped in place), made first and then staged from,
+ * so `send` may lie anywhere in `recv` (send == recv + rank*count in place,
+ * or send == recv): other blocks are written only after it was read.
  */
 #include <string.h>
 
@@ -17,6 +19,8 @@ int coll__allgather(coll_comm_t *c, const coll_args_t *a) {
   int me = c->rank, rc;
   const uint8_t *send = a->send;
   uint8_t *recv = a->recv;
+  if (nbytes && recv + (size_t)me * nbytes != send) memmove(recv + (size_t)me * nbytes, send, nbytes);
+  if (nbytes) send = recv + (size_t)me * nbytes; /* nobody writes my own block from here on */
   uint64_t t0 = coll__begin(c, a, 0, 0);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
@@ -34,7 +38,6 @@ int coll__allgather(coll_comm_t *c, const coll_args_t *a) {
     }
     coll__publish_done(c, t);
   }
-  if (nbytes && recv + (size_t)me * nbytes != send) memmove(recv + (size_t)me * nbytes, send, nbytes);
   c->round = t0 + K - 1;
   return 0;
 }

@@ -68,7 +68,10 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a) {
     }
     coll__publish_arrive(c, t);
     if (!zoff) coll__slot_release(c, p, t, reader);
-    if (!want) continue;
+    if (!want) { /* compare with the root at t0: it may not think it is the root */
+      if (k == 0 && (rc = coll__meet(c, a->root, t0)) != 0) return rc;
+      continue;
+    }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
     if (rc) return rc;
     for (int q = 0; q < P; q++) {
@@ -84,7 +87,10 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a) {
     if ((rc = coll__wait_done(c, a->root, last)) != 0) return rc;
     return coll__validate(c, a->root);
   }
-  return zoff ? coll__wait_all_done(c, last) : 0;
+  /* peers read my arena input only in allreduce; in reduce only the root reads
+   * (itself), and the others publish no `done` for it: waiting would block the
+   * root until they start their next collective on this communicator */
+  return zoff && all ? coll__wait_all_done(c, last) : 0;
 }
 
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {

@@ -4,9 +4,11 @@
  * Each non-root copies its contribution through its two staging slots, one
  * slot-sized chunk per round (t0 .. t0+K-1), and publishes its arrival; the
  * root compares every descriptor at t0, copies chunk k of every rank into
- * place and publishes `done`, which frees that slot for chunk k+2. Non-roots
- * finish by waiting for the root's last `done`: so they learn of a
- * disagreement the root found, and never return while the root still reads.
+ * place and publishes `done`, which frees that slot for chunk k+2. Each
+ * non-root also compares the root's descriptor at t0 (if every rank named
+ * another rank as root, nobody would compare them all and all would wait for
+ * ever). Non-roots finish by waiting for the root's last `done`: so they learn
+ * of a disagreement the root found, and never return while the root still reads.
  * The root's own part is a local copy.
  */
 #include <string.h>
@@ -30,6 +32,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       if (len) memcpy(coll__slot(c, me, p), send + off, len);
       coll__publish_arrive(c, t);
       coll__slot_release(c, p, t, root);
+      if (k == 0 && (rc = coll__meet(c, root, t0)) != 0) return rc;
     }
     c->round = t0 + K - 1;
     if ((rc = coll__wait_done(c, root, t0 + K - 1)) != 0) return rc;

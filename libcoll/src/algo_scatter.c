@@ -5,7 +5,9 @@
  * data moves. Each later round the root fills its staging slot with the next
  * piece (slot/P bytes, 64-byte aligned) of every rank's block, side by side,
  * and each rank copies its own piece out and publishes `done`. The root's own
- * block is a local copy.
+ * block is a local copy, made after every other block was staged, so the
+ * root's `recv` may lie anywhere in `send` (recv == send + root*count in
+ * place, or recv == send).
  */
 #include <string.h>
 
@@ -22,8 +24,6 @@ int coll__scatter(coll_comm_t *c, const coll_args_t *a) {
   if (me == root) {
     if ((rc = coll__meet_all(c, t0)) != 0) return rc;
     const uint8_t *send = a->send;
-    if (nbytes && (uint8_t *)a->recv != send + (size_t)me * nbytes)
-      memmove(a->recv, send + (size_t)me * nbytes, nbytes);
     for (uint64_t k = 0; k < K; k++) {
       uint64_t t = t0 + 1 + k;
       int p;
@@ -35,6 +35,8 @@ int coll__scatter(coll_comm_t *c, const coll_args_t *a) {
       coll__publish_arrive(c, t);
       coll__slot_release(c, p, t, -1);
     }
+    if (nbytes && (uint8_t *)a->recv != send + (size_t)me * nbytes)
+      memmove(a->recv, send + (size_t)me * nbytes, nbytes);
     c->round = t0 + K;
     return 0;
   }

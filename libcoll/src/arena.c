@@ -64,6 +64,7 @@ int coll_arena_alloc(coll_comm_t *c, size_t bytes, size_t align, void **ptr_p) {
     return COLL_EBADARG;
   coll__arena_t *ar = c->arena;
   if (bytes == 0) bytes = 1;
+  if (bytes > ar->bytes) return -ENOMEM; /* also keeps the rounding below from wrapping */
   bytes = (bytes + 63) & ~(size_t)63; /* whole cache lines: no false sharing */
   arena_block_t *used = malloc(sizeof *used);
   if (used == NULL) return -ENOMEM;

@@ -31,8 +31,11 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->size = size;
   h->ctl_off = COMM_PAGE;
   h->slot_off = COMM_ALIGN(h->ctl_off + (size_t)size * sizeof(coll__ctl_t), COMM_PAGE);
-  h->slot_bytes = p->slot_bytes;
-  size_t arena_off = h->slot_off + (size_t)size * 2 * p->slot_bytes;
+  /* alltoall, scatter and reduce_scatter cut a slot into `size` pieces of
+   * whole cache lines: at least 64 bytes each */
+  size_t slot_min = COMM_ALIGN((size_t)size * 64, COMM_PAGE);
+  h->slot_bytes = p->slot_bytes > slot_min ? p->slot_bytes : slot_min;
+  size_t arena_off = h->slot_off + (size_t)size * 2 * h->slot_bytes;
   h->arena_off = COMM_ALIGN(arena_off, (size_t)2 << 20); /* huge-page friendly */
   h->arena_bytes = p->arena_bytes;
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;

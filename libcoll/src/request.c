@@ -3,6 +3,11 @@
  * one progress thread that runs queued collectives in order. A blocking call
  * runs in the caller's thread when nothing is queued (no hand-off latency),
  * and otherwise joins the queue so the order stays the one the user wrote.
+ *
+ * Requests point at the worker, not at the communicator, and the worker
+ * counts the requests not yet freed: coll_comm_free leaves it behind while
+ * any remain (all of them finished), and the last coll_req_free frees it. So
+ * waiting on, testing or freeing a request after coll_comm_free is fine.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -11,7 +16,7 @@
 #include "internal.h"
 
 struct coll_req {
-  coll_comm_t *comm;
+  coll__worker_t *worker;
   coll_args_t args;
   int finished;
   int result;
@@ -25,7 +30,9 @@ struct coll__worker {
   pthread_cond_t finished; /* some request finished */
   coll_req_t *head, *tail;
   int pending; /* queued or running */
+  int live;    /* started and not yet freed by coll_req_free */
   int stop;
+  int orphaned; /* the communicator is gone: the last coll_req_free frees this */
 };
 
 static void *worker_main(void *arg) {
@@ -72,6 +79,13 @@ static int worker_get(coll_comm_t *c) {
   return 0;
 }
 
+static void worker_destroy(coll__worker_t *w) {
+  pthread_mutex_destroy(&w->lock);
+  pthread_cond_destroy(&w->work);
+  pthread_cond_destroy(&w->finished);
+  free(w);
+}
+
 void coll__worker_stop(coll_comm_t *c) {
   coll__worker_t *w = c->worker;
   if (w == NULL) return;
@@ -80,11 +94,12 @@ void coll__worker_stop(coll_comm_t *c) {
   pthread_cond_signal(&w->work);
   pthread_mutex_unlock(&w->lock);
   pthread_join(w->thread, NULL);
-  pthread_mutex_destroy(&w->lock);
-  pthread_cond_destroy(&w->work);
-  pthread_cond_destroy(&w->finished);
-  free(w);
   c->worker = NULL;
+  pthread_mutex_lock(&w->lock);
+  int keep = w->live > 0; /* requests not freed yet: the last one frees w */
+  w->orphaned = keep;
+  pthread_mutex_unlock(&w->lock);
+  if (!keep) worker_destroy(w);
 }
 
 int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
@@ -95,14 +110,15 @@ int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   if ((rc = worker_get(c)) != 0) return rc;
   coll_req_t *r = calloc(1, sizeof *r);
   if (r == NULL) return -ENOMEM;
-  r->comm = c;
-  r->args = *a;
   coll__worker_t *w = c->worker;
+  r->worker = w;
+  r->args = *a;
   pthread_mutex_lock(&w->lock);
   if (w->tail) w->tail->next = r;
   else w->head = r;
   w->tail = r;
   w->pending++;
+  w->live++;
   pthread_cond_signal(&w->work);
   pthread_mutex_unlock(&w->lock);
   *req_p = r;
@@ -111,7 +127,7 @@ int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
 
 int coll_req_wait(coll_req_t *r, double timeout_s) {
   if (r == NULL) return COLL_EBADARG;
-  coll__worker_t *w = r->comm->worker;
+  coll__worker_t *w = r->worker;
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
   if (timeout_s >= 0) {
@@ -132,7 +148,7 @@ int coll_req_wait(coll_req_t *r, double timeout_s) {
 
 int coll_req_test(coll_req_t *r, int *result_p) {
   if (r == NULL) return COLL_EBADARG;
-  coll__worker_t *w = r->comm->worker;
+  coll__worker_t *w = r->worker;
   pthread_mutex_lock(&w->lock);
   int fin = r->finished;
   if (fin && result_p) *result_p = r->result;
@@ -143,7 +159,12 @@ int coll_req_test(coll_req_t *r, int *result_p) {
 void coll_req_free(coll_req_t *r) {
   if (r == NULL) return;
   coll_req_wait(r, -1);
+  coll__worker_t *w = r->worker;
+  pthread_mutex_lock(&w->lock);
+  int last = --w->live == 0 && w->orphaned;
+  pthread_mutex_unlock(&w->lock);
   free(r);
+  if (last) worker_destroy(w);
 }
 
 int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
@@ -164,6 +185,6 @@ int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
   int rc = coll_start(c, a, &r);
   if (rc) return rc;
   rc = coll_req_wait(r, -1);
-  free(r);
+  coll_req_free(r);
   return rc;
 }

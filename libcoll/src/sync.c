@@ -107,22 +107,21 @@ int coll__check_abort(coll_comm_t *c) {
   return c->error;
 }
 
-/* A peer whose process ended can never publish again. */
-static int sync_check_peers(coll_comm_t *c) {
-  for (int r = 0; r < c->size; r++) {
-    if (r == c->rank) continue;
-    int dead = 0;
-    if (c->pidfd[r] >= 0) {
-      struct pollfd pfd = {c->pidfd[r], POLLIN, 0};
-      dead = poll(&pfd, 1, 0) > 0;
-    } else if (c->ctl[r].pid > 0) {
-      dead = kill(c->ctl[r].pid, 0) != 0 && errno == ESRCH;
-    }
-    if (dead)
-      return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed",
-                        r, (int)c->ctl[r].pid);
+/* A peer whose process ended can never publish again. Only the peer being
+ * waited for counts, and only if its flag is still short: a rank may finish
+ * its part of the last collective and leave while others still wait on a
+ * third rank (a waiter on a dead rank always finds out itself). */
+static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t target) {
+  int dead = 0;
+  if (c->pidfd[peer] >= 0) {
+    struct pollfd pfd = {c->pidfd[peer], POLLIN, 0};
+    dead = poll(&pfd, 1, 0) > 0;
+  } else if (c->ctl[peer].pid > 0) {
+    dead = kill(c->ctl[peer].pid, 0) != 0 && errno == ESRCH;
   }
-  return 0;
+  if (!dead || atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
+  return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed", peer,
+                    (int)c->ctl[peer].pid);
 }
 
 static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t target,
@@ -160,7 +159,8 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
     }
     if (now < next_check) continue;
     next_check = now + SYNC_CHECK_S;
-    if ((rc = sync_check_peers(c)) != 0) return rc;
+    if ((rc = sync_check_peer(c, peer, flag, target)) != 0) return rc;
+    if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
     if (c->allow_interrupt && c->interrupt_fn && c->interrupt_fn(c->interrupt_arg)) {
       coll__fail(c, COLL_EPEERLOST, "rank %d was interrupted by a signal; the communicator is closed",
                  c->rank);
