@@ -179,8 +179,10 @@ typedef struct {
 /* Blocking: runs the collective. Every rank must call the same collectives in
  * the same order with matching kind, dtype, count, op and root; any
  * disagreement makes it return COLL_EMISMATCH on every rank. Other returns:
- * COLL_EPEERLOST, -ETIMEDOUT, COLL_EINTERRUPTED, COLL_EABORTED, COLL_EBADARG.
- * After any of these the communicator is failed for good. */
+ * COLL_EPEERLOST, -ETIMEDOUT, COLL_EINTERRUPTED, COLL_EABORTED: after any of
+ * these the communicator is failed for good (later calls return the same
+ * failure; the interrupted rank itself sees COLL_EPEERLOST later). COLL_EBADARG
+ * is found before anything is communicated and leaves the communicator usable. */
 int coll_run(coll_comm_t *comm, const coll_args_t *args);
 
 /* Nonblocking: queue the collective on the communicator's progress thread and

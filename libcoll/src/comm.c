@@ -74,10 +74,9 @@ static void comm_record_identity(coll_comm_t *c) {
  * ranks that use them all, each rank's arena part near that rank. The policy
  * lives on the memfd object, so pages other ranks fault in follow it too.
  * Placement is advice: a failure leaves the default policy. */
-static void comm_place(coll_comm_t *c) {
+static void comm_place(coll_comm_t *c, const coll__header_t *h) {
   if (c->place == NULL) return;
-  coll__header_t *h = c->hdr;
-  c->place(c->place_arg, c->base + h->ctl_off, h->arena_off - h->ctl_off, c->local_of, c->size);
+  c->place(c->place_arg, c->base, h->arena_off, c->local_of, c->size);
   for (int r = 0; r < c->size && h->arena_bytes; r++)
     c->place(c->place_arg, c->base + h->arena_off + (size_t)r * h->arena_bytes, h->arena_bytes,
              &c->local_of[r], 1);
@@ -116,9 +115,9 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
       return comm_fail_local(c, rc, "could not map the shared segment");
     c->map_bytes = h.total_bytes;
     c->hdr = (coll__header_t *)c->base;
+    comm_place(c, &h); /* before the first touch, the header page included */
     memcpy(c->hdr, &h, sizeof h);
     c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);
-    comm_place(c);
     coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
   }
   char err[COLL_TEXT_MAX] = "";
