@@ -1,7 +1,8 @@
 # hbmcoll - the two commands of the README do all set-up on a fresh Debian machine:
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
-# Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench, bench-quick, clean.
+# Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench (quick),
+# bench-full, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -10,9 +11,9 @@ export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev numactl \
                mpich libmpich-dev
-PY_PKGS := numpy pytest torch==2.13.0 mpi4py
+PY_PKGS := numpy pytest torch==2.13.0 matplotlib
 
-.PHONY: all deps build demo test ctest pytest bench bench-quick clean
+.PHONY: all deps build demo test ctest pytest bench bench-full clean
 
 all: build
 
@@ -25,6 +26,10 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@$(PYTHON) tools/pip_missing.py $(PY_PKGS)
+	@# PyPI's mpi4py wheel looks for libmpi.so.12; Debian's MPICH ships libmpich.so.12,
+	@# so mpi4py is built from source against it (about 3 minutes, once).
+	@$(PYTHON) -c "import mpi4py.MPI" 2>/dev/null || { echo "building mpi4py against Debian's MPICH"; \
+	  $(PYTHON) -m pip install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py; }
 
 # Builds the extension in place (pymod/hbmcoll/_core*.so) and installs the
 # package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work.
@@ -46,10 +51,10 @@ pytest: build
 test: build ctest numa-check test-emulation pytest
 
 bench: build
-	$(PYTHON) -m hbmcoll.bench
+	$(PYTHON) -m hbmcoll.bench --quick $(BENCH_ARGS)
 
-bench-quick: build
-	$(PYTHON) -m hbmcoll.bench --quick
+bench-full: build
+	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) pymod/hbmcoll/_core*.so pymod/*.egg-info

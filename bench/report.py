@@ -1,0 +1,247 @@
+"""Aggregation and output: per-rank files -> rows -> summary -> JSON, CSV, Markdown, PNG.
+
+Row: one (round, library label, world size P, collective, size) with avg/min/max over ranks
+of the per-rank mean latency. Summary: per (label, P, collective, size) the median over rounds
+of the rank-average (rounds interleave libraries, so noise hits all alike), min and max over
+everything, effective bandwidth (least bytes the collective must move / time), fraction of the
+copy-bandwidth limit, and time ratios label/peer from the same run.
+"""
+import csv
+import glob
+import json
+import os
+import statistics
+
+import limits as L
+
+PEERS = ("mpi4py", "torch")
+ORDER = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter", "alltoall",
+         "barrier"]
+
+
+def _coll_key(cp):
+    c, P = cp
+    return (ORDER.index(c) if c in ORDER else len(ORDER), c, P)
+
+
+def collect(prefix, world):
+    """Read OUT_PREFIX.r*.json; return (meta of rank 0, per-(coll,size) rank stats) or None."""
+    files = sorted(glob.glob(prefix + ".r*.json"))
+    if len(files) != world:
+        return None
+    per = [json.load(open(f)) for f in files]
+    meta0 = next(p["meta"] for p in per if p["meta"]["rank"] == 0)
+    stats = {}
+    for p in per:
+        for r in p["rows"]:
+            stats.setdefault((r["collective"], r["size"]), {"r": r, "sec": []})["sec"].append(
+                r["sec"])
+    out = []
+    for (coll, size), v in stats.items():
+        s = v["sec"]
+        out.append({"collective": coll, "size": size, "iters": v["r"]["iters"],
+                    "skip": v["r"]["skip"], "nbuf": v["r"]["nbuf"],
+                    "avg_us": 1e6 * sum(s) / len(s), "min_us": 1e6 * min(s),
+                    "max_us": 1e6 * max(s)})
+    meta0["variation_us"] = 1e6 * max(p["meta"]["variation_sec"] for p in per)
+    per.sort(key=lambda p: p["meta"]["rank"])
+    meta0["affinities"] = [p["meta"]["affinity"] for p in per]
+    return meta0, out
+
+
+def summarize(rows, lim, large=1 << 20):
+    groups = {}
+    for r in rows:
+        if r.get("status", "ok") == "ok":
+            groups.setdefault((r["label"], r["P"], r["collective"], r["size"]), []).append(r)
+    summ = []
+    for (label, P, coll, size), rs in sorted(groups.items(), key=lambda kv: (
+            kv[0][2], kv[0][1], kv[0][3], kv[0][0])):
+        t = statistics.median(r["avg_us"] for r in rs)
+        avgs = [r["avg_us"] for r in rs]
+        nb = L.min_bytes(coll, P, size)
+        s = {"label": label, "library": rs[0]["library"], "P": P, "collective": coll,
+             "size": size, "rounds": len(rs), "avg_us": t, "min_us": min(r["min_us"] for r in rs),
+             "max_us": max(r["max_us"] for r in rs),
+             "round_spread": (max(avgs) - min(avgs)) / t if t else 0.0,
+             "eff_GBps": nb / (t * 1e-6) / 1e9 if nb and t else None, "frac_limit": None}
+        if lim and nb and size >= large:
+            s["limit_GBps"] = L.bandwidth_for(lim, P) / 1e9
+            s["frac_limit"] = (nb / L.bandwidth_for(lim, P)) / (t * 1e-6)
+        summ.append(s)
+    # ratios label/peer per (P, collective, size), all from this run
+    idx = {(s["label"], s["P"], s["collective"], s["size"]): s for s in summ}
+    for s in summ:
+        for peer in PEERS:
+            o = idx.get((peer, s["P"], s["collective"], s["size"]))
+            if o and s["label"] != peer:
+                s[f"ratio_vs_{peer}"] = s["avg_us"] / o["avg_us"]
+    return summ
+
+
+def human(n):
+    for unit, v in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v} {unit}"
+    return f"{n} B"
+
+
+def write_csv(path, rows):
+    nested = {k for r in rows for k, v in r.items() if isinstance(v, (dict, list))}
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys and k not in nested]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _fmt(x, nd=1):
+    if x is None:
+        return "-"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{nd}f}" if x >= 10 else f"{x:.2f}"
+
+
+def _table(head, rows):
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in rows]
+
+
+def _ratio(x):
+    return "-" if x is None else f"{x:.3g}"
+
+
+def markdown(summ, lim, meta, oversub):
+    out = [f"# hbmcoll bench {meta.get('run_id', '')}", ""]
+    m = meta.get("machine", {})
+    out.append(f"Machine: {m.get('cpu_model')}, {m.get('usable_cpus')} usable CPUs, "
+               f"{len(m.get('numa_nodes', {}))} NUMA node(s), kernel {m.get('kernel')}; "
+               f"mode `{meta.get('mode')}`, {meta.get('rounds')} interleaved round(s); "
+               f"float32, sum; latency = median over rounds of the mean over ranks (us).")
+    topo = next((t["meta"]["topology"] for t in meta.get("tasks", [])
+                 if t.get("meta", {}).get("topology")), None)
+    if isinstance(topo, dict):
+        facts = {k: topo[k] for k in ("memory_mode", "cluster_mode", "hbm_nodes", "error")
+                 if k in topo}
+        out.append(f"hbmcoll.topology(): {json.dumps(facts, default=str)} "
+                   "(full topology per launch in results.json).")
+    if meta.get("warning"):
+        out.append(f"**Warning: {meta['warning']}.**")
+    if lim:
+        out.append(f"Copy bandwidth (numpy.copyto, STREAM copy; the limit B): single core "
+                   f"{lim['single_core_GBps']:.1f} GB/s, all {lim['cores']} cores "
+                   f"{lim['all_cores_GBps']:.1f} GB/s" + (
+                       f" (STREAM add, all cores: {lim['all_cores_add_GBps']:.1f} GB/s)"
+                       if lim.get("all_cores_add_GBps") else "") +
+                   ". Above 100% of B: the copy stream was not this machine's ceiling, "
+                   "or data stayed in cache.")
+    var = [t["meta"]["variation_us"] for t in meta.get("tasks", []) if t.get("meta")]
+    if var:
+        out.append(f"Every latency includes the same data-variation step (buffer rotation and "
+                   f"a one-word write, identical code for all libraries), measured alone at "
+                   f"{statistics.median(var):.3f} us per iteration (median over launches, "
+                   f"max {max(var):.3f}).")
+    out.append("")
+    labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)
+                                                                if x in PEERS else 0, x))
+    for (coll, P) in sorted({(s["collective"], s["P"]) for s in summ}, key=_coll_key):
+        ss = [s for s in summ if s["collective"] == coll and s["P"] == P]
+        present = [lb for lb in labels if any(s["label"] == lb for s in ss)]
+        sizes = sorted({s["size"] for s in ss})
+        by = {(s["label"], s["size"]): s for s in ss}
+        out += [f"## {coll}, {P} ranks", "", "Latency (us):", ""]
+        out += _table(["size"] + present, [[human(z)] + [
+            _fmt(by[lb, z]["avg_us"]) if (lb, z) in by else "-" for lb in present] for z in sizes])
+        for p in PEERS:                     # one ratio table per peer keeps tables narrow
+            cols = [lb for lb in present if lb != p and p in present
+                    and not (lb in PEERS and p == "torch")]
+            if not cols:
+                continue
+            out += ["", f"Time ratio to {p} (< 1: faster than {p}):", ""]
+            out += _table(["size"] + [f"{lb}/{p}" for lb in cols], [[human(z)] + [
+                _ratio(by[lb, z].get(f"ratio_vs_{p}")) if (lb, z) in by else "-"
+                for lb in cols] for z in sizes])
+        big = [s for s in ss if s["frac_limit"] is not None]
+        if big:
+            out += ["", f"Fraction of the copy-bandwidth limit (least bytes / B / time), "
+                    f"B = {big[0]['limit_GBps']:.1f} GB/s:", ""]
+            bsz = sorted({s["size"] for s in big})
+            fr = {(s["label"], s["size"]): s["frac_limit"] for s in big}
+            out += _table(["label"] + [human(z) for z in bsz], [[lb] + [
+                f"{fr[lb, z]:.1%}" if (lb, z) in fr else "-" for z in bsz] for lb in present])
+        out.append("")
+    if oversub:
+        out += ["## Oversubscribed: 8-byte allreduce, more ranks than cores", "",
+                "MPICH's shared-memory path busy-polls, so ranks waiting for a descheduled "
+                "peer burn the cores it needs; a timeout means it did not finish in time.", "",
+                "| label | ranks | cores | iterations | status | us per allreduce | wall s |"
+                " ratio to mpi4py |", "|---|---|---|---|---|---|---|---|"]
+        ref = next((o.get("avg_us") for o in oversub if o["label"] == "mpi4py"), None)
+        for o in oversub:
+            t = o.get("avg_us")
+            out.append(f"| {o['label']} | {o['P']} | {o['cores']} | {o['iters']} | {o['status']} "
+                       f"| {_fmt(t)} | {o['wall_s']:.1f} | "
+                       f"{_ratio(t / ref) if t and ref else '-'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plots(outdir, summ, lim):
+    """One PNG per (collective, P): latency and effective bandwidth against size."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator
+    except ImportError:
+        return []
+    made = []
+    for (coll, P) in sorted({(s["collective"], s["P"]) for s in summ}):
+        ss = [s for s in summ if s["collective"] == coll and s["P"] == P]
+        if coll == "barrier":
+            continue
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for lb in sorted({s["label"] for s in ss}):
+            pts = sorted((s["size"], s["avg_us"], s["eff_GBps"]) for s in ss if s["label"] == lb)
+            x = [p[0] for p in pts]
+            style = "-o" if lb in PEERS else "-s"
+            a1.plot(x, [p[1] for p in pts], style, label=lb, ms=4)
+            a2.plot(x, [p[2] for p in pts], style, label=lb, ms=4)
+        if lim:
+            a2.axhline(L.bandwidth_for(lim, P) / 1e9, color="k", ls="--", lw=1,
+                       label="copy bandwidth (limit)")
+        for a in (a1, a2):
+            a.set_xscale("log", base=2)
+            a.xaxis.set_major_locator(LogLocator(base=16))
+            a.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human(int(round(x)))))
+            a.set_xlabel("message size (bytes)")
+            a.grid(True, which="both", alpha=0.3)
+        a1.set_yscale("log")
+        a1.set_ylabel("latency (us)")
+        a2.set_ylabel("least bytes moved / time (GB/s)")
+        a2.set_yscale("log")
+        a1.legend(fontsize=8)
+        a2.legend(fontsize=8)
+        fig.suptitle(f"{coll}, {P} ranks (float32)")
+        fig.tight_layout()
+        name = f"{coll}_P{P}.png"
+        fig.savefig(os.path.join(outdir, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
+def write_all(outdir, meta, rows, summ, lim, oversub):
+    meta["plots"] = plots(outdir, summ, lim)
+    doc = {"meta": meta, "limits": lim, "summary": summ, "rows": rows, "oversubscribed": oversub}
+    with open(os.path.join(outdir, "results.json"), "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    write_csv(os.path.join(outdir, "results.csv"), summ)
+    write_csv(os.path.join(outdir, "rounds.csv"), rows)
+    md = markdown(summ, lim, meta, oversub)
+    with open(os.path.join(outdir, "table.md"), "w") as f:
+        f.write(md + "\n")
+    return md

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""hbmcoll benchmark driver: hbmcoll against mpi4py+MPICH and torch.distributed (gloo).
+
+Each library runs under its own launcher (mpiexec, torchrun, python -m hbmcoll.run) with its
+worker in bench/workers/; rounds interleave the libraries so machine noise hits all alike.
+Writes bench/results/<timestamp>/{results.json,results.csv,rounds.csv,table.md,*.png} and
+points bench/results/latest at it. Timings are never asserted anywhere; this gates nothing.
+
+    python bench/suite.py               # quick mode (default), < 10 min on 2 cores
+    python bench/suite.py --full        # OSU sweep 4 B .. 64 MiB, all collectives and variants
+    python -m hbmcoll.bench [same options]
+"""
+import argparse
+import datetime
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PYMOD = os.path.join(REPO, "pymod")
+WORKERS = os.path.join(HERE, "workers")
+sys.path.insert(0, HERE)
+import limits as L  # noqa: E402
+import machine  # noqa: E402
+import report  # noqa: E402
+
+ALL_COLLS = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter",
+             "alltoall", "barrier"]
+KiB, MiB = 1 << 10, 1 << 20
+QUICK = {"sizes": [8, 64 * KiB, MiB, 16 * MiB], "collectives": ["allreduce", "bcast", "gather"],
+         "rounds": 3, "buffers": ["numpy", "empty"], "memory": ["hbm_preferred"],
+         "bind": ["core"], "oversub_iters": 1000, "oversub_timeout": 240, "timeout": 300}
+FULL = {"sizes": [4 << i for i in range(25)], "collectives": ALL_COLLS, "rounds": 1,
+        "buffers": ["numpy", "empty"], "memory": ["hbm_preferred", "ddr"],
+        "bind": ["core", "none"], "oversub_iters": 10000, "oversub_timeout": 1200,
+        "timeout": 3600}
+
+
+def parse_size(s):
+    s = s.strip().upper().replace("IB", "").replace("B", "")
+    mult = {"K": KiB, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s.rstrip("KMG")) * mult)
+
+
+def csv_list(s):
+    return [x for x in s.split(",") if x]
+
+
+def args_parser():
+    ap = argparse.ArgumentParser(prog="python -m hbmcoll.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="quick mode (the default)")
+    ap.add_argument("--full", action="store_true", help="full OSU sweep, every variant")
+    ap.add_argument("--libs", type=csv_list, default=["mpi4py", "torch", "hbmcoll"])
+    ap.add_argument("--np", type=lambda s: [int(x) for x in csv_list(s)],
+                    help="world sizes, e.g. 2,4,64 (quick: 2; full: 2 and the core count)")
+    ap.add_argument("--collectives", type=csv_list)
+    ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in csv_list(s)],
+                    help="e.g. 8,64K,1M,16M")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (quick 3, full 1)")
+    ap.add_argument("--buffers", type=csv_list, help="hbmcoll buffers: numpy,empty")
+    ap.add_argument("--memory", type=csv_list, help="HBMCOLL_MEMORY values: hbm_preferred,ddr")
+    ap.add_argument("--bind", type=csv_list, help="HBMCOLL_BIND values: core,none")
+    ap.add_argument("--iters", type=int, help="timed iterations up to 8 KB (default 10000)")
+    ap.add_argument("--iters-large", type=int, help="timed iterations above 8 KB (default 100)")
+    ap.add_argument("--oversub-np", type=int, default=8, help="ranks for the oversubscribed case")
+    ap.add_argument("--oversub-iters", type=int, help="8-byte allreduces there (quick 1000)")
+    ap.add_argument("--oversub-timeout", type=float, help="seconds (quick 240, full 1200)")
+    ap.add_argument("--no-oversub", action="store_true")
+    ap.add_argument("--no-limits", action="store_true", help="skip the copy-bandwidth limit")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--timeout", type=float, help="seconds per launch before it is killed")
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                    help="before each launch wait up to this long for the CPUs to be idle "
+                         "(< 25%% busy); for shared machines")
+    ap.add_argument("--out", help="results root (default bench/results)")
+    ap.add_argument("--verbose", action="store_true", help="workers report progress too")
+    return ap
+
+
+def settings(a):
+    base = dict(FULL if a.full else QUICK)
+    base["mode"] = "full" if a.full else "quick"
+    ncores = len(os.sched_getaffinity(0))
+    base["np"] = a.np or ([2] if not a.full else sorted({2, max(2, ncores)}))
+    for k in ("collectives", "sizes", "rounds", "buffers", "memory", "bind", "timeout",
+              "oversub_iters", "oversub_timeout"):
+        if getattr(a, k) is not None:
+            base[k] = getattr(a, k)
+    return base
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with(extra):
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"          # one intra-op thread everywhere (torch fairness)
+    env["PYTHONUNBUFFERED"] = "1"
+    if os.path.isdir(os.path.join(PYMOD, "hbmcoll")):   # the checkout's hbmcoll wins
+        env["PYTHONPATH"] = PYMOD + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def available(lib):
+    """(ok, reason): the library imports and its launcher exists."""
+    probes = {"mpi4py": ("import mpi4py.MPI", "mpiexec"),
+              "torch": ("import torch.distributed as d; assert d.is_gloo_available()", None),
+              "hbmcoll": ("import hbmcoll, importlib.util as u; hbmcoll.init; hbmcoll.empty; "
+                          "assert u.find_spec('hbmcoll.run')",
+                          None)}
+    code, launcher = probes[lib]
+    if launcher and not shutil.which(launcher):
+        return False, f"{launcher} not on PATH"
+    p = subprocess.run([sys.executable, "-c", code], env=env_with({}), capture_output=True,
+                       text=True, timeout=120)
+    if p.returncode:
+        return False, (p.stderr.strip().splitlines() or ["import failed"])[-1]
+    return True, ""
+
+
+def command(lib, P, spec_path, prefix):
+    worker = os.path.join(WORKERS, f"{lib}_worker.py")
+    if lib == "mpi4py":
+        return ["mpiexec", "-n", str(P), sys.executable, worker, spec_path, prefix]
+    if lib == "torch":
+        run = ["torchrun"] if shutil.which("torchrun") else [sys.executable, "-m",
+                                                                 "torch.distributed.run"]
+        return run + [f"--nproc-per-node={P}", "--master-addr=127.0.0.1",
+                      f"--master-port={free_port()}", worker, spec_path, prefix]
+    return [sys.executable, "-m", "hbmcoll.run", "-n", str(P), worker, spec_path, prefix]
+
+
+def launch(cmd, env, timeout, log_path):
+    """Run one launcher in its own session; on timeout end that session's processes."""
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True, cwd=HERE)
+        try:
+            rc = p.wait(timeout=timeout)
+            status = "ok" if rc == 0 else f"exit {rc}"
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            end_session(p)
+        except BaseException:                 # Ctrl-C or SIGTERM of the driver: no orphans
+            end_session(p)
+            raise
+    return status, time.monotonic() - t0
+
+
+def end_session(p):
+    """SIGTERM, then SIGKILL, to the launcher's own session (only what we started)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+
+    def __init__(self, total):
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def show(self, what):
+        el = time.monotonic() - self.t0
+        eta = f", ~{el / self.done * (self.total - self.done):.0f}s left" if self.done else ""
+        bar = "#" * (30 * self.done // self.total)
+        line = f"[{bar:<30}] {self.done}/{self.total} {what} ({el:.0f}s{eta})"
+        sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def step(self):
+        self.done += 1
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def configs(cfg, libs):
+    """(label, lib, extra env, spec additions) for every library variant to run."""
+    out = []
+    for lib in libs:
+        if lib != "hbmcoll":
+            out.append((lib, lib, {}, {}))
+            continue
+        for buf, mem, bind in itertools.product(cfg["buffers"], cfg["memory"], cfg["bind"]):
+            label = f"hbmcoll-{buf}" + ("" if mem == "hbm_preferred" else f"-{mem}") + (
+                "" if bind == "core" else f"-bind{bind}")
+            out.append((label, lib, {"HBMCOLL_MEMORY": mem, "HBMCOLL_BIND": bind},
+                        {"buffers": buf, "memory": mem, "bind": bind}))
+    return out
+
+
+def wait_idle(limit):
+    """Busy fraction of the CPUs once they are below 25% busy, or after `limit` seconds."""
+    t0 = time.monotonic()
+    busy = machine.busy_fraction()
+    while busy is not None and busy > 0.25 and time.monotonic() - t0 < limit:
+        busy = machine.busy_fraction(1.0)
+    return busy
+
+
+def run_task(task, raw, timeout, idle_wait=0):
+    """Launch one (label, P, spec); return (rows, task record)."""
+    label, lib, env_extra, spec, P, rnd = task
+    tag = f"{label}.P{P}.r{rnd}"
+    spec_path = os.path.join(raw, tag + ".spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    prefix = os.path.join(raw, tag)
+    cmd = command(lib, P, spec_path, prefix)
+    busy = wait_idle(idle_wait)
+    snap = machine.cpu_snapshot()
+    status, wall = launch(cmd, env_with(env_extra), timeout, prefix + ".log")
+    other = machine.foreign_busy(snap, machine.cpu_snapshot())
+    got = report.collect(prefix, P) if status == "ok" else None
+    rec = {"label": label, "library": lib, "P": P, "round": rnd, "status": status,
+           "wall_s": wall, "busy_before": busy, "busy_other": other,
+           "command": " ".join(cmd), "env": env_extra, "log": prefix + ".log"}
+    if status == "ok" and got is None:
+        rec["status"] = "missing rank files"
+    if got is None:
+        return [], rec
+    meta, stats = got
+    rec["meta"] = meta
+    topo = meta.get("topology") or {}
+    common = {"busy_before": busy, "busy_other": other, "round": rnd, "label": label,
+              "library": lib, "P": P, "launcher": cmd[0],
+              "variation_us": meta["variation_us"], "buffers": spec.get("buffers", "numpy"),
+              "memory": spec.get("memory"), "bind": spec.get("bind"), "status": "ok",
+              "topology_modes": json.dumps({k: topo[k] for k in ("memory_mode", "cluster_mode",
+                                                                  "modes", "error") if k in topo},
+                                           default=str) if topo else None,
+              "hbm_nodes": json.dumps(topo.get("hbm_nodes"), default=str) if topo else None,
+              "topology": topo or None}
+    return [dict(common, **s) for s in stats], rec
+
+
+def main(argv=None):
+    a = args_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds through launch()
+    cfg = settings(a)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = a.out or os.path.join(HERE, "results")
+    outdir = os.path.join(root, stamp)
+    raw = os.path.join(outdir, "raw")
+    os.makedirs(raw, exist_ok=True)
+    t_start = time.monotonic()
+
+    libs, skipped = [], {}
+    for lib in a.libs:
+        ok, why = available(lib)
+        if ok:
+            libs.append(lib)
+        else:
+            skipped[lib] = why
+            print(f"[bench] {lib} skipped: {why}", file=sys.stderr)
+    if not libs:
+        sys.exit("[bench] no library available; see bench/README.md for the installs")
+
+    spec0 = {"collectives": cfg["collectives"], "sizes": cfg["sizes"], "dtype": "float32",
+             "llc_bytes": machine.llc_bytes(), "verbose": a.verbose,
+             "mem_budget": (machine.mem_available() or 1 << 40) // 2}   # all ranks together
+    if a.iters:
+        spec0.update(iters_small=a.iters, skip_small=max(1, a.iters // 10))
+    if a.iters_large:
+        spec0.update(iters_large=a.iters_large, skip_large=max(1, a.iters_large // 10))
+    confs = configs(cfg, libs)
+    tasks = []
+    for rnd in range(cfg["rounds"]):        # rotate the order each round: nobody always first
+        k = rnd % len(confs)
+        for P in cfg["np"]:
+            for label, lib, env_extra, extra in confs[k:] + confs[:k]:
+                tasks.append((label, lib, env_extra, dict(spec0, **extra), P, rnd))
+    over = []
+    if not a.no_oversub:
+        spec_o = dict(spec0, collectives=["allreduce"], sizes=[8],
+                      iters_small=cfg["oversub_iters"],
+                      skip_small=max(1, cfg["oversub_iters"] // 10))
+        over = [(label, lib, env_extra, dict(spec_o, **extra), a.oversub_np, "oversub")
+                for label, lib, env_extra, extra in confs
+                if lib == "mpi4py" or label == "hbmcoll-numpy"]
+
+    meta = {"run_id": stamp, "mode": cfg["mode"], "settings": cfg, "rounds": cfg["rounds"],
+            "libraries": libs, "skipped": skipped, "argv": sys.argv[1:],
+            "dtype": "float32", "op": "sum",
+            "method": "OMB-Py: barrier, warm-up, barrier, back-to-back timed loop, barrier; "
+                      "avg/min/max over ranks; data rotated among pre-filled buffers and one "
+                      "word rewritten per iteration (same code for every library)",
+            "fairness": {"OMP_NUM_THREADS": "1", "torch.set_num_threads": 1,
+                         "torch_allreduce": "in place (gloo has no out-of-place)",
+                         "mpi4py_allreduce": "out of place (OMB-Py)",
+                         "hbmcoll_allreduce": "numpy: out=; empty: in place (zero copy)"},
+            "launchers": {lib: command(lib, 2, "SPEC", "OUT")[:1] for lib in libs},
+            "machine": machine.info()}
+    prog = Progress(len(tasks) + len(over) + (0 if a.no_limits else 2))
+    lim = None
+    if not a.no_limits:
+        prog.show("copy bandwidth (physical limit)")
+        busy = wait_idle(a.wait_idle)
+        lim = L.measure(cfg["np"])
+        lim["busy_before"] = busy
+        prog.step()
+
+    rows, records = [], []
+    for t in tasks:
+        prog.show(f"round {t[5] + 1}/{cfg['rounds']} P={t[4]} {t[0]}")
+        r, rec = run_task(t, raw, cfg["timeout"], a.wait_idle)
+        rows += r
+        records.append(rec)
+        if rec["status"] != "ok":
+            print(f"\n[bench] {t[0]} P={t[4]}: {rec['status']} (log: {rec['log']})",
+                  file=sys.stderr)
+        prog.step()
+    oversub = []
+    for t in over:
+        prog.show(f"oversubscribed: {t[0]} {t[4]} ranks, {cfg['oversub_iters']} allreduces")
+        r, rec = run_task(t, raw, cfg["oversub_timeout"], a.wait_idle)
+        records.append(rec)
+        o = {"label": t[0], "P": t[4], "cores": len(os.sched_getaffinity(0)),
+             "iters": cfg["oversub_iters"], "status": rec["status"], "wall_s": rec["wall_s"],
+             "timeout_s": cfg["oversub_timeout"]}
+        if r:
+            o.update(avg_us=r[0]["avg_us"], min_us=r[0]["min_us"], max_us=r[0]["max_us"])
+        oversub.append(o)
+        prog.step()
+    if lim:
+        prog.show("copy bandwidth again (end of run)")
+        wait_idle(a.wait_idle)
+        lim = L.merge(lim, L.measure(cfg["np"]))
+        prog.step()
+    prog.close()
+
+    meta["tasks"] = records
+    busy = [r.get(k) for r in records for k in ("busy_before", "busy_other")
+            if r.get(k) is not None]
+    if busy and max(busy) > 0.25:
+        meta["warning"] = (f"other work kept up to {max(busy):.0%} of the CPUs busy before or "
+                           "during some launches (busy_before, busy_other in rounds.csv): "
+                           "numbers are noisy")
+        print(f"[bench] warning: {meta['warning']}", file=sys.stderr)
+    meta["wall_s"] = time.monotonic() - t_start
+    summ = report.summarize(rows, lim)
+    if a.no_plots:
+        report.plots = lambda *x: []
+    md = report.write_all(outdir, meta, rows, summ, lim, oversub)
+    latest = os.path.join(root, "latest")
+    try:                                      # a relative symlink; a copy where links fail
+        if os.path.islink(latest) or os.path.exists(latest):
+            (os.remove if os.path.islink(latest) else shutil.rmtree)(latest)
+        os.symlink(stamp, latest)
+    except OSError:
+        shutil.copytree(outdir, latest, ignore=shutil.ignore_patterns("raw"))
+    print(md)
+    print(f"\n[bench] results in {outdir} ({meta['wall_s']:.0f} s)", file=sys.stderr)
+    bad = [r for r in records if r["status"] != "ok"]
+    return 1 if bad and not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

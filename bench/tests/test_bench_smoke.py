@@ -1,0 +1,69 @@
+"""Smoke tests of the benchmark suite: it runs and writes its files. No timing is asserted.
+
+    python -m pytest bench/tests -q
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.join(BENCH, "workers"))
+
+import common  # noqa: E402
+import limits  # noqa: E402
+import report  # noqa: E402
+
+
+def test_iterations_follow_osu():
+    assert common.iterations({}, 8192) == (10000, 1000)
+    assert common.iterations({}, 8193) == (100, 10)
+
+
+def test_rotation_outgrows_llc_within_memory():
+    spec = {"llc_bytes": 32 << 20}
+    assert common.n_rotate(spec, 16) == common.MAX_ROTATE
+    k = common.n_rotate(spec, 32 << 20)
+    assert k * (32 << 20) >= 128 << 20 and k & (k - 1) == 0
+    assert common.n_rotate(spec, 512 << 20) == 1
+
+
+def test_least_bytes():
+    assert limits.min_bytes("allreduce", 4, 100) == 800
+    assert limits.min_bytes("bcast", 4, 100) == 400
+    assert limits.min_bytes("barrier", 4, 0) == 0
+
+
+def test_summary_ratios_and_fraction():
+    rows = [{"label": lb, "library": lb.split("-")[0], "P": 2, "collective": "allreduce",
+             "size": 1 << 20, "avg_us": t, "min_us": t, "max_us": t, "status": "ok"}
+            for lb, t in (("mpi4py", 100.0), ("torch", 400.0), ("hbmcoll-numpy", 50.0))]
+    lim = {"cores": 2, "all_cores_GBps": 10.0, "by_procs": {"2": {"best_GBps": 10.0}}}
+    s = {x["label"]: x for x in report.summarize(rows, lim)}
+    assert s["hbmcoll-numpy"]["ratio_vs_mpi4py"] == pytest.approx(0.5)
+    assert s["hbmcoll-numpy"]["ratio_vs_torch"] == pytest.approx(0.125)
+    # 2PN = 4 MiB at 10 GB/s = 419 us; measured 100 us -> 4.19
+    assert s["mpi4py"]["frac_limit"] == pytest.approx(4 * (1 << 20) / 10e9 / 100e-6)
+
+
+def test_suite_runs_and_writes_files(tmp_path):
+    cmd = [sys.executable, os.path.join(BENCH, "suite.py"), "--sizes", "8,64K",
+           "--collectives", "allreduce,bcast,gather,barrier", "--iters", "20",
+           "--iters-large", "3", "--rounds", "1", "--oversub-np", "3", "--oversub-iters", "5",
+           "--no-limits", "--timeout", "240", "--out", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if "no library available" in p.stderr:
+        pytest.skip("none of mpi4py, torch, hbmcoll is usable here")
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = os.path.join(tmp_path, "latest")
+    doc = json.load(open(os.path.join(run, "results.json")))
+    assert doc["meta"]["machine"]["usable_cpus"] >= 1
+    assert doc["summary"], doc["meta"]["tasks"]
+    assert all(t["status"] == "ok" for t in doc["meta"]["tasks"]), doc["meta"]["tasks"]
+    with open(os.path.join(run, "results.csv")) as f:
+        assert len(list(csv.DictReader(f))) == len(doc["summary"])
+    assert "## allreduce, 2 ranks" in open(os.path.join(run, "table.md")).read()
