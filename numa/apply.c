@@ -11,7 +11,10 @@
  * we then leave memory on the default policy (DDR near the touching CPU) and
  * say so once. An MPOL_BIND larger than the node's free memory gets the
  * process OOM-killed rather than an error, so a strict bind is only used
- * when the segment fits (with a margin); otherwise MPOL_PREFERRED.
+ * while it fits (with a margin) together with everything this context bound
+ * strictly to that node before (libcoll places each rank's arena part as a
+ * mapping of its own: one at a time they all fit, together they may not);
+ * otherwise MPOL_PREFERRED.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -62,7 +65,54 @@ static void apply_tell(coll_numa_ctx_t *ctx, char *notice, size_t notice_len, co
   coll__numa_addnote(ctx->notes, sizeof(ctx->notes), "%s", line);
 }
 
-/* mbind [addr, addr+len) per p after a capacity check; never fails. */
+static int apply_node_index(const coll_numa_ctx_t *ctx, unsigned os_index) {
+  for (int i = 0; i < ctx->topo->nnodes; i++)
+    if (ctx->topo->nodes[i].os_index == os_index)
+      return i;
+  return -1;
+}
+
+/* Add (sign > 0) or take off (sign < 0) len bytes strictly bound on the nodes
+ * of p to the running totals, spread evenly (a strict bind has one node). */
+static void apply_charge(coll_numa_ctx_t *ctx, const coll_numa_place_t *p, uint64_t len, int sign) {
+  if (ctx->bound_bytes == NULL || p->nnodes < 1)
+    return;
+  for (int i = 0; i < p->nnodes; i++) {
+    int k = apply_node_index(ctx, p->nodes[i]);
+    uint64_t part = len / (uint64_t)p->nnodes + (i == 0 ? len % (uint64_t)p->nnodes : 0);
+    if (k < 0)
+      continue;
+    if (sign > 0)
+      ctx->bound_bytes[k] += part;
+    else
+      ctx->bound_bytes[k] = ctx->bound_bytes[k] > part ? ctx->bound_bytes[k] - part : 0;
+  }
+}
+
+/* Report a capacity fallback on the nodes of p unless one was reported there
+ * already; marks them told. */
+static int apply_capacity_untold(coll_numa_ctx_t *ctx, const coll_numa_place_t *p) {
+  int untold = ctx->capacity_told == NULL;
+  for (int i = 0; i < p->nnodes; i++) {
+    int k = apply_node_index(ctx, p->nodes[i]);
+    if (k < 0 || ctx->capacity_told == NULL) {
+      untold = 1;
+      continue;
+    }
+    untold |= !ctx->capacity_told[k];
+    ctx->capacity_told[k] = 1;
+  }
+  return untold;
+}
+
+/* mbind [addr, addr+len) per p; never fails. An MPOL_BIND is kept only while
+ * everything this context bound strictly to the node(s), this mapping
+ * included, fits with a margin in the free memory seen at setup, and this
+ * mapping alone in the memory free now (which already holds the pages of
+ * earlier binds that were touched); otherwise MPOL_PREFERRED, said once per
+ * node. A preferred (or interleaved) mapping larger than the free memory is
+ * not reported: spilling to DDR is what it is for, and reserved parts that are
+ * never touched (arenas) cost nothing. */
 static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_numa_place_t *p,
                        const char *what, char *notice, size_t notice_len) {
   char nodes[128], line[512];
@@ -79,32 +129,42 @@ static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_
     return MPOL_DEFAULT;
   }
   apply_nodes_str(p, nodes, sizeof(nodes));
-  uint64_t free_b = 0;
-  int unknown = 0;
-  for (int i = 0; i < p->nnodes; i++) {
-    uint64_t f = coll__numa_node_free_now(p->nodes[i]);
-    unknown |= f == 0;
-    free_b += f;
-  }
   int mode = p->mode;
-  uint64_t margin = free_b / 32 < (64u << 20) ? free_b / 32 : (64u << 20);
-  if (mode == MPOL_BIND && unknown) {
-    mode = MPOL_PREFERRED;
-    snprintf(line, sizeof(line),
-             "free memory of node %s unknown: %s of %.1f MiB bound MPOL_PREFERRED instead of "
-             "MPOL_BIND (a strict bind that overflows gets the process OOM-killed)",
-             nodes, what, (double)len / APPLY_MIB);
-  } else if (mode == MPOL_BIND && (uint64_t)len + margin > free_b) {
-    mode = MPOL_PREFERRED;
-    snprintf(line, sizeof(line),
-             "%s of %.1f MiB does not fit in the %.1f MiB free on node %s: bound MPOL_PREFERRED "
-             "instead of MPOL_BIND, pages that do not fit go to DDR",
-             what, (double)len / APPLY_MIB, (double)free_b / APPLY_MIB, nodes);
-  } else if (p->is_hbm && !unknown && (uint64_t)len > free_b) {
-    snprintf(line, sizeof(line),
-             "%s of %.1f MiB is larger than the %.1f MiB free on HBM node %s: the rest will "
-             "spill to DDR",
-             what, (double)len / APPLY_MIB, (double)free_b / APPLY_MIB, nodes);
+  if (mode == MPOL_BIND) {
+    uint64_t free0 = 0, free_now = 0, bound = 0;
+    int unknown = ctx->bound_bytes == NULL;
+    for (int i = 0; i < p->nnodes && !unknown; i++) {
+      int k = apply_node_index(ctx, p->nodes[i]);
+      uint64_t f0 = k >= 0 ? ctx->topo->nodes[k].free : 0;
+      uint64_t fn = coll__numa_node_free_now(p->nodes[i]);
+      unknown = f0 == 0 || fn == 0;
+      free0 += f0;
+      free_now += fn;
+      bound += k >= 0 ? ctx->bound_bytes[k] : 0;
+    }
+    /* bound + len + margin <= free0 and len + margin <= free_now */
+    uint64_t budget = free0 < free_now + bound ? free0 : free_now + bound;
+    uint64_t margin = free0 / 32 < (64u << 20) ? free0 / 32 : (64u << 20);
+    if (unknown) {
+      mode = MPOL_PREFERRED;
+      if (apply_capacity_untold(ctx, p))
+        snprintf(line, sizeof(line),
+                 "free memory of node %s unknown: %s of %.1f MiB bound MPOL_PREFERRED instead of "
+                 "MPOL_BIND (a strict bind that overflows gets the process OOM-killed)",
+                 nodes, what, (double)len / APPLY_MIB);
+    } else if (bound + (uint64_t)len + margin > budget) {
+      mode = MPOL_PREFERRED;
+      char already[96] = "";
+      if (bound > 0)
+        snprintf(already, sizeof(already), ", %.1f MiB of which this process bound strictly already",
+                 (double)bound / APPLY_MIB);
+      if (apply_capacity_untold(ctx, p))
+        snprintf(line, sizeof(line),
+                 "%s of %.1f MiB does not fit in the %.1f MiB free on node %s%s: bound "
+                 "MPOL_PREFERRED instead of MPOL_BIND, pages that do not fit go to DDR (not "
+                 "repeated for later mappings on node %s)",
+                 what, (double)len / APPLY_MIB, (double)budget / APPLY_MIB, nodes, already, nodes);
+    }
   }
   unsigned long mask[APPLY_MASK_LONGS];
   memset(mask, 0, sizeof(mask));
@@ -123,6 +183,8 @@ static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_
              apply_mode_name(mode), nodes, strerror(e), what);
     mode = MPOL_DEFAULT;
   }
+  if (mode == MPOL_BIND)
+    apply_charge(ctx, p, (uint64_t)len, +1);
   if (line[0] != '\0')
     apply_tell(ctx, notice, notice_len, line);
   return mode;
@@ -309,6 +371,12 @@ int coll_numa_setup_policy(int local_rank, int local_size, const coll_numa_polic
   ctx->mbind_ok = 1;
   if ((rc = coll_numa_topo_load(NULL, &ctx->topo)) != 0)
     goto out_ctx;
+  ctx->bound_bytes = calloc((size_t)ctx->topo->nnodes, sizeof(*ctx->bound_bytes));
+  ctx->capacity_told = calloc((size_t)ctx->topo->nnodes, 1);
+  if (ctx->bound_bytes == NULL || ctx->capacity_told == NULL) {
+    rc = -ENOMEM;
+    goto out_ctx;
+  }
   if ((rc = coll_numa_plan_make(ctx->topo, local_size, &pol, &ctx->plan)) != 0)
     goto out_ctx;
   snprintf(ctx->notes, sizeof(ctx->notes), "%s", ctx->plan->notes);
@@ -361,10 +429,20 @@ int coll_numa_scratch_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p) {
 void coll_numa_scratch_free(coll_numa_ctx_t *ctx, void *ptr, size_t size) {
   if (ctx == NULL || ptr == NULL)
     return;
-  if (ctx->scratch_kind_ != NULL)
+  if (ctx->scratch_kind_ != NULL) {
     memkind_free((memkind_t)ctx->scratch_kind_, ptr);
-  else
-    munmap(ptr, apply_round_page(size));
+    return;
+  }
+  size_t len = apply_round_page(size);
+  if (ctx->plan->effective == COLL_NUMA_MEM_HBM_BIND) { /* it may count in the strict total */
+    int mode = -1;
+    unsigned long mask[APPLY_MASK_LONGS];
+    if (syscall(SYS_get_mempolicy, &mode, mask, (unsigned long)(APPLY_MASK_LONGS * 64), ptr,
+                (unsigned long)MPOL_F_ADDR) == 0 &&
+        mode == MPOL_BIND)
+      apply_charge(ctx, &ctx->plan->ranks[ctx->local_rank].buf, (uint64_t)len, -1);
+  }
+  munmap(ptr, len);
 }
 
 void coll_numa_free(coll_numa_ctx_t *ctx) {
@@ -372,5 +450,7 @@ void coll_numa_free(coll_numa_ctx_t *ctx) {
     return;
   coll_numa_plan_free(ctx->plan);
   coll_numa_topo_free(ctx->topo);
+  free(ctx->bound_bytes);
+  free(ctx->capacity_told);
   free(ctx);
 }

@@ -11,11 +11,20 @@
  * Nothing here decides what is HBM: that is the plan's job. We record the
  * subtype and the hwloc Bandwidth attribute as seen from the node's own
  * locality.
+ *
+ * Memory-side caches: hwloc's MemCache objects (and KNL's L3 subtype
+ * MemorySideCache). When hwloc shows none, the kernel's own description is
+ * read as well: /sys/devices/system/node/nodeN/memory_side_cache (from the
+ * ACPI HMAT), under the fsroot when one is used. hwloc 2.9 skips it on a KNL
+ * CPU: its KNL quirk takes the modes from the SMBIOS dump (or guesses
+ * MemoryMode=Flat without one) and creates no MemCache, so a hybrid KNL, or
+ * a VM laid out like one, would look flat.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <hwloc.h>
@@ -284,6 +293,56 @@ out_cl:
   return rc;
 }
 
+/* Memory-side caches the kernel describes in sysfs under root ("" or "/":
+ * this machine), for topologies where hwloc shows none: each node with a
+ * memory_side_cache directory is behind one cache per indexN entry (at least
+ * one), of indexN/size bytes. Facts only: the plan decides what they mean. */
+static void discover_sysfs_memcaches(coll_numa_topo_t *topo, const char *root) {
+  char path[4096], line[64];
+  size_t rl = strlen(root);
+  while (rl > 0 && root[rl - 1] == '/')
+    rl--;
+  for (int i = 0; i < topo->nnodes; i++) {
+    coll_numa_node_t *n = &topo->nodes[i];
+    struct stat st;
+    snprintf(path, sizeof(path), "%.*s/sys/devices/system/node/node%u/memory_side_cache", (int)rl,
+             root, n->os_index);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+      continue;
+    int levels = 0;
+    DIR *d = opendir(path);
+    for (struct dirent *e = d ? readdir(d) : NULL; e != NULL; e = readdir(d)) {
+      if (strncmp(e->d_name, "index", 5) != 0)
+        continue;
+      char sz[sizeof(path) + sizeof(e->d_name) + 8];
+      snprintf(sz, sizeof(sz), "%s/%s/size", path, e->d_name);
+      FILE *f = fopen(sz, "re");
+      if (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        topo->memcache_bytes += strtoull(line, NULL, 10);
+      if (f != NULL)
+        fclose(f);
+      levels++;
+    }
+    if (d != NULL)
+      closedir(d);
+    topo->nmemcaches += levels > 0 ? levels : 1;
+    topo->memcache_sysfs = 1;
+    n->behind_memcache = 1;
+  }
+}
+
+/* Where this load's sysfs lives: the directory given, this machine's "/" (or
+ * the user's HWLOC_FSROOT), or NULL when hwloc read no sysfs (XML, synthetic). */
+static const char *discover_sysfs_root(const char *path, int is_dir) {
+  if (path != NULL)
+    return is_dir ? path : NULL;
+  const char *x = getenv("HWLOC_XMLFILE"), *y = getenv("HWLOC_SYNTHETIC");
+  if ((x != NULL && *x != '\0') || (y != NULL && *y != '\0'))
+    return NULL;
+  const char *r = getenv("HWLOC_FSROOT");
+  return r != NULL && *r != '\0' ? r : "/";
+}
+
 void coll_numa_topo_free(coll_numa_topo_t *topo) {
   if (topo == NULL)
     return;
@@ -382,6 +441,9 @@ int coll_numa_topo_load(const char *path, coll_numa_topo_t **topo_p) {
   topo->thissystem = path == NULL && hwloc_topology_is_thissystem(t);
   if ((rc = discover_fill(t, topo)) != 0)
     goto out_hwloc;
+  const char *sysroot = discover_sysfs_root(path, is_dir);
+  if (topo->nmemcaches == 0 && sysroot != NULL)
+    discover_sysfs_memcaches(topo, sysroot);
   if (path == NULL)
     topo->hwloc = t;
   else

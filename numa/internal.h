@@ -52,8 +52,10 @@ struct coll_numa_topo {
   int thissystem;          /* 1: loaded from this machine and bindable */
   char memory_mode[32];    /* hwloc info MemoryMode ("" absent) */
   char cluster_mode[32];   /* hwloc info ClusterMode ("" absent) */
-  int nmemcaches;          /* memory-side caches (MemCache, or L3 subtype MemorySideCache) */
+  int nmemcaches;          /* memory-side caches (MemCache, or L3 subtype MemorySideCache; when
+                            * hwloc has none: sysfs nodeN/memory_side_cache/indexM entries) */
   uint64_t memcache_bytes; /* their total size */
+  int memcache_sysfs;      /* 1: the caches were found in sysfs, hwloc showed none */
   int npackages;
   int nnodes;
   coll_numa_node_t *nodes; /* sorted by os_index */
@@ -100,6 +102,14 @@ struct coll_numa_ctx {
   int local_rank;
   int mbind_ok;          /* 0 once mbind was refused */
   int mbind_refusal_told;
+  /* hbm_bind capacity, per node (index as topo->nodes; the budget is the
+   * node's free memory seen at setup, topo->nodes[i].free): bytes this
+   * context has put under MPOL_BIND so far (touched or not; scratch buffers
+   * are taken off when freed, shared segments stay counted, as this layer is
+   * not told when they are unmapped), and whether a capacity fallback on the
+   * node was reported already (said once per node) */
+  uint64_t *bound_bytes;
+  unsigned char *capacity_told;
   void *scratch_kind_;   /* memkind_t for scratch buffers, NULL: mmap + mbind */
   char notice[512];
   char notes[COLL_NUMA_NOTES_MAX]; /* every fallback so far, lines */

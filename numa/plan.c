@@ -8,9 +8,12 @@
  * at least twice the lowest bandwidth among the other nodes that share one of
  * its localities (Xeon Max in flat mode, where only HMAT tells them apart).
  *
- * Memory mode. hwloc's MemoryMode info when present (Flat, Cache, Hybrid*),
- * checked against what was found; otherwise from what was found: HBM nodes
- * and memory-side caches -> hybrid, HBM only -> flat, caches only -> cache.
+ * Memory mode. From what was found: HBM nodes and memory-side caches ->
+ * hybrid, HBM only -> flat, caches only -> cache (caches: hwloc's, or, when
+ * hwloc showed none, the kernel's sysfs memory_side_cache entries discovery
+ * recorded, counted when they front a DDR (non-HBM) node); hwloc's MemoryMode
+ * info (Flat, Cache, Hybrid*), when present, is checked against it and a
+ * disagreement noted.
  *
  * Per cluster: its HBM node is the HBM node with the same locality (else one
  * whose locality includes it, else one in the same package, else the first),
@@ -318,7 +321,13 @@ static int plan_hbm(const coll_numa_topo_t *topo, coll_numa_plan_t *plan) {
 
 static void plan_mode(const coll_numa_topo_t *topo, coll_numa_plan_t *plan) {
   const char *mm = topo->memory_mode;
-  int caches = topo->nmemcaches > 0 || !strncasecmp(mm, "Hybrid", 6) || !strcasecmp(mm, "Cache");
+  int found = topo->nmemcaches > 0;
+  if (topo->memcache_sysfs) { /* the kernel's caches count when they front a non-HBM node */
+    found = 0;
+    for (int i = 0; i < topo->nnodes; i++)
+      found |= topo->nodes[i].behind_memcache && !plan->is_hbm[i];
+  }
+  int caches = found || !strncasecmp(mm, "Hybrid", 6) || !strcasecmp(mm, "Cache");
   if (plan->nhbm > 0)
     plan->mode = caches ? COLL_NUMA_MODE_HYBRID : COLL_NUMA_MODE_FLAT;
   else
@@ -328,7 +337,12 @@ static void plan_mode(const coll_numa_topo_t *topo, coll_numa_plan_t *plan) {
                             : !strcasecmp(mm, "Cache") ? COLL_NUMA_MODE_CACHE
                             : !strncasecmp(mm, "Hybrid", 6) ? COLL_NUMA_MODE_HYBRID
                                                             : plan->mode;
-    if (said != plan->mode)
+    if (said != plan->mode && topo->memcache_sysfs)
+      coll__numa_addnote(plan->notes, sizeof(plan->notes),
+                         "hwloc says MemoryMode=%s but the kernel shows %d memory-side cache(s) "
+                         "(sysfs memory_side_cache) hwloc does not: using %s",
+                         mm, topo->nmemcaches, coll__numa_mode_name(plan->mode));
+    else if (said != plan->mode)
       coll__numa_addnote(plan->notes, sizeof(plan->notes),
                          "hwloc says MemoryMode=%s but the NUMA nodes found mean %s: using %s", mm,
                          coll__numa_mode_name(plan->mode), coll__numa_mode_name(plan->mode));

@@ -122,7 +122,8 @@ static void report_text(coll_numa_str_t *s, const coll_numa_topo_t *topo, const 
                      coll_numa_topo_ncores(topo));
   if (topo->nmemcaches > 0) {
     report_size(a, sizeof(a), topo->memcache_bytes);
-    coll__numa_str_add(s, "  memory-side caches: %d, %s in total\n", topo->nmemcaches, a);
+    coll__numa_str_add(s, "  memory-side caches: %d, %s in total%s\n", topo->nmemcaches, a,
+                       topo->memcache_sysfs ? " (from sysfs memory_side_cache; hwloc shows none)" : "");
   } else {
     coll__numa_str_add(s, "  memory-side caches: none\n");
   }

@@ -3,8 +3,10 @@
  *
  * Three steps, kept apart:
  *   1. discover  (hwloc)  coll_numa_topo_load(): NUMA nodes, sizes, free
- *      memory, KNL ClusterMode/MemoryMode, memory-side caches, bandwidth
- *      memory attributes, clusters (SNC domains / packages).  Facts only.
+ *      memory, KNL ClusterMode/MemoryMode, memory-side caches (hwloc's; when
+ *      it shows none, sysfs nodeN/memory_side_cache, which hwloc 2.9's KNL
+ *      quirk ignores), bandwidth memory attributes, clusters (SNC domains /
+ *      packages).  Facts only.
  *   2. plan      (pure)   coll_numa_plan_make(): which PU each local rank
  *      runs on, which NUMA node(s) hold its buffers and each shared segment.
  *      A pure function of (topology facts, number of local ranks, policy).
@@ -25,10 +27,13 @@
  *
  * Policies (HBMCOLL_MEMORY / --memory):
  *   auto           (default) hbm_preferred when there is an HBM node, else DDR
- *   hbm_bind       MPOL_BIND to the HBM node when the segment fits in its free
- *                  memory, else MPOL_PREFERRED (an over-full MPOL_BIND gets the
- *                  process OOM-killed), with a notice
- *   hbm_preferred  MPOL_PREFERRED to the HBM node (spills to DDR when full)
+ *   hbm_bind       MPOL_BIND to the HBM node while the mapping, added to all
+ *                  this context bound strictly to that node before, fits in the
+ *                  node's free memory (as seen at setup, with a margin), else
+ *                  MPOL_PREFERRED (an over-full MPOL_BIND gets the process
+ *                  OOM-killed), with a notice (once per node)
+ *   hbm_preferred  MPOL_PREFERRED to the HBM node (spills to DDR when full;
+ *                  no notice: that is what it is for)
  *   hbm_interleave MPOL_INTERLEAVE over every HBM node of the machine
  *   ddr            MPOL_PREFERRED to the DDR node of the cluster
  * Binding (HBMCOLL_BIND / --bind): core (default: the rank's core), cluster
@@ -93,7 +98,9 @@ const char *coll_numa_bind_name(coll_numa_bind_t bind);
 
 /* Load a topology. path NULL: this machine (binding possible); otherwise an
  * hwloc XML file or a directory laid out like / (sys, proc) used as
- * HWLOC_FSROOT. A foreign topology is never bound to. For a directory the
+ * HWLOC_FSROOT; the sysfs memory_side_cache entries are read under that
+ * directory (path NULL: under / or the user's HWLOC_FSROOT; an XML file: not
+ * at all). A foreign topology is never bound to. For a directory the
  * HWLOC_FSROOT/HWLOC_COMPONENTS variables are set only while hwloc loads and
  * restored after (not thread-safe against other environment users; memkind
  * is never called here). Returns 0 and *topo_p; -ENOENT (no such path),
@@ -166,12 +173,19 @@ int coll_numa_rank_pu(const coll_numa_ctx_t *ctx, int rank);
 /* Place a fresh shared mapping [addr, addr+len) used by the local ranks
  * user_ranks[0..nusers) (NULL/0: every rank): mbind it, before anything
  * touches it, to the node(s) the plan gives for the cluster with the most
- * users, after checking that node's free memory (an MPOL_BIND that does not
- * fit becomes MPOL_PREFERRED). Does not touch the pages. When mbind is
- * refused or fails, or the policy had to be weakened, the mapping keeps the
- * default policy (DDR near the faulting CPU) or the weaker one, and one line
- * (no newline) is written to notice (if notice_len > 0; "" when nothing
- * happened; a refusal already reported by this ctx is not repeated).
+ * users. An MPOL_BIND is checked against the node's capacity in total, not
+ * mapping by mapping: the context keeps a running count per node of the bytes
+ * it bound strictly so far (touched or not; a mapping's pages count from the
+ * moment it is bound, and stay counted after it is unmapped, as this layer is
+ * not told), and binds strictly only while count + len + a margin (1/32 of
+ * the free memory, at most 64 MiB) fits in the node's free memory seen at
+ * setup, and len + margin in the memory free now; otherwise MPOL_PREFERRED.
+ * Does not touch the pages. When mbind is refused or fails, or the policy had
+ * to be weakened, the mapping keeps the default policy (DDR near the faulting
+ * CPU) or the weaker one, and one line (no newline) is written to notice (if
+ * notice_len > 0; "" when nothing happened; a refusal, or a capacity fallback
+ * on the same node, already reported by this ctx is not repeated). Not
+ * thread-safe on one ctx (call it from the thread that creates communicators).
  * Returns 0 (also after such a fallback), or -EINVAL (addr not page
  * aligned, len == 0, a user rank out of range).
  * For the policy put in place, *mode_p (if not NULL) gets the MPOL_* mode
@@ -195,8 +209,9 @@ int coll_numa_bind_segment(coll_numa_ctx_t *ctx, void *addr, size_t len, const i
  * (MEMKIND_HBW_PREFERRED, or MEMKIND_HBW_INTERLEAVE; never a strict bind, as
  * an overflow would be an OOM kill; MEMKIND_DEFAULT for DDR) when memkind
  * sees HBW memory, else an anonymous mapping mbind-ed like a segment (e.g.
- * HBM named by HBMCOLL_HBM_NODES only). memkind picks its node from the CPU
- * the caller runs on: setup has pinned this process already.
+ * HBM named by HBMCOLL_HBM_NODES only; with hbm_bind such a buffer counts in
+ * the node's strict total until coll_numa_scratch_free()). memkind picks its
+ * node from the CPU the caller runs on: setup has pinned this process already.
  * size 0 gives -EINVAL. Returns 0 and *ptr_p, -ENOMEM. */
 int coll_numa_scratch_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p);
 /* Free a scratch buffer with the size it was allocated with (NULL is fine). */

@@ -199,7 +199,7 @@ typedef struct {
 } knl_mode_t;
 
 static const knl_mode_t g_modes[] = {
-    {"snc4-flat", 4, 4, "flat"},    {"hmat-flat", 4, 4, "flat"}, {"snc4-hybrid", 4, 4, "hybrid|flat"},
+    {"snc4-flat", 4, 4, "flat"},    {"hmat-flat", 4, 4, "flat"}, {"snc4-hybrid", 4, 4, "hybrid"},
     {"quad-flat", 1, 1, "flat"},    {"cache", 1, -1, "cache"},
 };
 
@@ -366,8 +366,8 @@ static int run_rank(int me, int P, const knl_mode_t *m, const char *job_key) {
   }
   if (m && me == 0 && report) {
     /* snc4-hybrid: hwloc 2.9's KNL quirk says MemoryMode=Flat and hides the memory-side
-     * caches the kernel shows (it wants the SMBIOS dump), so the plan says "flat" there;
-     * "hybrid" is the right answer and is accepted as soon as numa/ finds the caches */
+     * caches the kernel shows (it wants the SMBIOS dump); numa/ reads them from sysfs
+     * (nodeN/memory_side_cache), so the plan must say "hybrid" */
     const char *said = strstr(report, "\"memory_mode\": \"");
     char got[16] = "?";
     if (said) sscanf(said + 16, "%15[a-z]", got);

@@ -4,7 +4,8 @@
  * a move_pages check of where the pages landed, the EPERM fallback (a real
  * seccomp filter makes mbind fail as in Docker without CAP_SYS_NICE), the
  * over-capacity fallback (MPOL_BIND of more than the node has free becomes
- * MPOL_PREFERRED; checked with get_mempolicy without touching the pages),
+ * MPOL_PREFERRED; checked with get_mempolicy without touching the pages), the
+ * same for several mappings that fit one by one but not together,
  * scratch buffers, and argument errors.
  *
  * Each test runs in its own forked process with a 60 s alarm (environment
@@ -308,6 +309,127 @@ static int test_over_capacity(void) {
   return 0;
 }
 
+/* hbm_bind capacity is checked in total: libcoll places the control+staging
+ * area, then each rank's arena part as a mapping of its own (users = that
+ * rank). One at a time every part fits; together they must not be strictly
+ * bound beyond the node's free memory. Here 4 parts of 0.3 x free: the first
+ * three stay MPOL_BIND, the fourth falls back to MPOL_PREFERRED with one
+ * notice, a later small one still binds, a later big one falls back quietly.
+ * Sparse MAP_NORESERVE memfd mappings never touched: nothing is allocated. */
+static int test_cumulative_bind(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  setenv("HBMCOLL_MEMORY", "hbm_bind", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 4, &ctx) == 0);
+  CHECK(ctx->topo->nnodes >= 1 && ctx->topo->nodes[0].os_index == 0);
+  uint64_t fr = ctx->topo->nodes[0].free; /* seen at setup */
+  CHECK(fr > (64u << 20));
+  size_t pg = (size_t)page_size();
+  size_t staging = 4u << 20, part = (size_t)(fr * 3 / 10) / pg * pg;
+  char notice[512];
+  int mode = -1;
+  char *st = new_segment(staging, 1);
+  CHECK(st != NULL);
+  CHECK(coll_numa_place_segment(ctx, st, staging, NULL, 0, notice, sizeof(notice), &mode) == 0);
+  CHECK(mode == MPOL_BIND && notice[0] == '\0');
+  char *parts[4];
+  int told = 0;
+  for (int r = 0; r < 4; r++) {
+    parts[r] = new_segment(part, 1);
+    CHECK(parts[r] != NULL);
+    CHECK(coll_numa_place_segment(ctx, parts[r], part, &r, 1, notice, sizeof(notice), &mode) == 0);
+    fprintf(stderr, "    part %d of %.1f MiB: %s%s%s\n", r, (double)part / 1048576.0,
+            mode == MPOL_BIND ? "MPOL_BIND" : mode == MPOL_PREFERRED ? "MPOL_PREFERRED" : "other",
+            notice[0] ? ": " : "", notice);
+    CHECK(policy_of(parts[r], NULL) == mode);
+    if (r < 3) {
+      CHECK(mode == MPOL_BIND && notice[0] == '\0');
+    } else {
+      CHECK(mode == MPOL_PREFERRED);
+      CHECK(strstr(notice, "does not fit") && strstr(notice, "already") &&
+            strstr(notice, "MPOL_PREFERRED instead of MPOL_BIND"));
+      told++;
+    }
+  }
+  CHECK(told == 1);
+  CHECK(ctx->bound_bytes[0] == staging + 3 * (uint64_t)part);
+  /* a small one still fits next to the three parts */
+  char *small = new_segment(1u << 20, 1);
+  CHECK(coll_numa_place_segment(ctx, small, 1u << 20, NULL, 0, notice, sizeof(notice), &mode) == 0);
+  CHECK(mode == MPOL_BIND && notice[0] == '\0' && policy_of(small, NULL) == MPOL_BIND);
+  /* a big one falls back again, without repeating the notice */
+  char *big = new_segment(part, 1);
+  CHECK(coll_numa_place_segment(ctx, big, part, NULL, 0, notice, sizeof(notice), &mode) == 0);
+  CHECK(mode == MPOL_PREFERRED && notice[0] == '\0' && policy_of(big, NULL) == MPOL_PREFERRED);
+  CHECK(ctx->bound_bytes[0] == staging + 3 * (uint64_t)part + (1u << 20));
+  /* the context's notices have the one line */
+  char *text;
+  CHECK(coll_numa_ctx_report(ctx, 1, &text) == 0);
+  const char *first = strstr(text, "does not fit");
+  CHECK(first != NULL && strstr(first + 1, "does not fit") == NULL);
+  free(text);
+  munmap(big, part);
+  munmap(small, 1u << 20);
+  for (int r = 0; r < 4; r++)
+    munmap(parts[r], part);
+  munmap(st, staging);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* A strictly bound scratch buffer (mbind path: HBM named by HBMCOLL_HBM_NODES
+ * only) counts in the node's total until it is freed. */
+static int test_scratch_bind_counts(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  setenv("HBMCOLL_MEMORY", "hbm_bind", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  if (ctx->scratch_kind_ != NULL) { /* memkind sees HBW memory here: not the mbind path */
+    coll_numa_free(ctx);
+    return SKIP;
+  }
+  size_t size = (8u << 20) + 100;
+  size_t len = (size + (size_t)page_size() - 1) / (size_t)page_size() * (size_t)page_size();
+  void *p;
+  CHECK(coll_numa_scratch_alloc(ctx, size, &p) == 0);
+  CHECK(policy_of(p, NULL) == MPOL_BIND);
+  CHECK(ctx->bound_bytes[0] == len);
+  memset(p, 1, size);
+  coll_numa_scratch_free(ctx, p, size);
+  CHECK(ctx->bound_bytes[0] == 0);
+  coll_numa_free(ctx);
+  return 0;
+}
+
+/* hbm_preferred: a mapping larger than the HBM node's free memory is normal
+ * (arena parts reserved, never all touched; the rest spills to DDR): no
+ * notice, no note. */
+static int test_preferred_no_spill_notice(void) {
+  setenv("HBMCOLL_HBM_NODES", "0", 1);
+  coll_numa_ctx_t *ctx;
+  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
+  uint64_t fr = node0_free();
+  CHECK(fr > 0);
+  size_t len = (size_t)(fr + (1ull << 30)) / (size_t)page_size() * (size_t)page_size();
+  for (int i = 0; i < 2; i++) {
+    char *seg = new_segment(len, 1);
+    CHECK(seg != NULL);
+    char notice[512] = "x";
+    int mode = -1;
+    CHECK(coll_numa_place_segment(ctx, seg, len, NULL, 0, notice, sizeof(notice), &mode) == 0);
+    CHECK(mode == MPOL_PREFERRED && notice[0] == '\0');
+    CHECK(policy_of(seg, NULL) == MPOL_PREFERRED);
+    munmap(seg, len);
+  }
+  char *text;
+  CHECK(coll_numa_ctx_report(ctx, 1, &text) == 0);
+  CHECK(strstr(text, "spill") == NULL && strstr(text, "larger than") == NULL &&
+        strstr(text, "does not fit") == NULL);
+  free(text);
+  coll_numa_free(ctx);
+  return 0;
+}
+
 static int scratch_case(int want_mode) {
   coll_numa_ctx_t *ctx;
   CHECK(coll_numa_setup(0, 1, &ctx) == 0);
@@ -458,6 +580,9 @@ int main(void) {
       {"eperm_at_segment", test_eperm_at_segment},
       {"eperm_at_setup", test_eperm_at_setup},
       {"over_capacity", test_over_capacity},
+      {"cumulative_bind", test_cumulative_bind},
+      {"scratch_bind_counts", test_scratch_bind_counts},
+      {"preferred_no_spill_notice", test_preferred_no_spill_notice},
       {"scratch_ddr", test_scratch_ddr},
       {"scratch_memkind_hbw", test_scratch_memkind_hbw},
       {"scratch_mbind_path", test_scratch_mbind_path},

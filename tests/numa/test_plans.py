@@ -11,6 +11,8 @@ over packages and clusters), so that a wrong golden cannot pass silently.
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import tarfile
 import xml.etree.ElementTree as ET
@@ -29,6 +31,9 @@ EXPECT = {
     "64intel64-fakeKNL-SNC4-hybrid.xml": ("hybrid", "SNC4", [4, 5, 6, 7]),
     "64intel64-fakeKNL-SNC4-hybrid.tar.bz2": ("hybrid", "SNC4", [4, 5, 6, 7]),
     "64intel64-fakeKNL-A2A-cache.tar.bz2": ("cache", "All2All", []),
+    # captured from the emulated KNL guest (tests/numa/capture_qemu_fsroot.sh): hwloc's KNL
+    # quirk says MemoryMode=Flat and shows no MemCache; sysfs memory_side_cache makes it hybrid
+    "qemu-knl-snc4-hybrid.tar.bz2": ("hybrid", "SNC4", [4, 5, 6, 7]),
     "8intel64-fakeKNL-A2A-hybrid.rootattachednumas.xml": ("hybrid", "All2All", [1]),
     "knl-snc4-flat-synth.xml": ("flat", None, [1, 3, 5, 7]),
     "knl-quad-flat.xml": ("flat", "Quadrant", [1]),
@@ -268,6 +273,55 @@ def test_cache_mode_report_says_ddr(extracted):
     res = run_cli(["--topology", topology_arg("64intel64-fakeKNL-A2A-cache.tar.bz2", extracted)])
     assert res.returncode == 0, res.stderr
     assert "memory mode:  cache" in res.stdout and "buffers use DDR" in res.stdout
+
+
+QEMU_HYBRID = "qemu-knl-snc4-hybrid.tar.bz2"
+
+
+def test_sysfs_memory_side_caches_make_hybrid(extracted):
+    """hwloc shows no memory-side cache in the KNL guest; sysfs does: hybrid, said where from."""
+    root = extracted[QEMU_HYBRID]
+    node0 = os.path.join(root, "sys/devices/system/node/node0/memory_side_cache")
+    assert os.path.isdir(node0)
+    env = clean_env()
+    env.update(HWLOC_FSROOT=root, HWLOC_COMPONENTS="linux,stop")
+    lst = subprocess.run(["lstopo-no-graphics", "--no-io", "-v"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert "MemoryMode=Flat" in lst and "MemCache" not in lst, "hwloc's view changed: recheck"
+    res = run_cli(["--topology", root, "--ranks", "4"])
+    assert res.returncode == 0, res.stderr
+    assert "memory mode:  hybrid (hwloc MemoryMode=Flat)" in res.stdout
+    assert "memory-side caches: 4, 32 MiB in total (from sysfs memory_side_cache" in res.stdout
+    for n in range(4):
+        assert re.search(r"node %d +DDR .*behind a memory-side cache" % n, res.stdout)
+    for n in range(4, 8):
+        assert re.search(r"node %d +HBM " % n, res.stdout)
+        assert not re.search(r"node %d +HBM .*behind" % n, res.stdout)
+    # this machine's sysfs is read relative to HWLOC_FSROOT when the user sets it
+    plan = json.loads(run_cli(["--ranks", "4", "--json"], env=env).stdout)
+    assert plan["memory_mode"] == "hybrid" and plan["hbm_nodes"] == [4, 5, 6, 7]
+
+
+def test_sysfs_memory_side_caches_absent_stays_flat(extracted, tmp_path):
+    """The same guest without the memory_side_cache directories is flat: the sysfs entries,
+    not the KNL CPU or the MCDRAM nodes, make it hybrid."""
+    root = str(tmp_path / "flat")
+    shutil.copytree(extracted[QEMU_HYBRID], root, symlinks=True)
+    for n in range(8):
+        shutil.rmtree(os.path.join(root, "sys/devices/system/node/node%d/memory_side_cache" % n),
+                      ignore_errors=True)
+    plan = json.loads(run_cli(["--topology", root, "--ranks", "4", "--json"]).stdout)
+    assert plan["memory_mode"] == "flat" and plan["hbm_nodes"] == [4, 5, 6, 7]
+
+
+def test_xml_topology_never_reads_sysfs(extracted):
+    """An XML topology is a foreign machine: no sysfs is read for it (here: flat stays flat
+    even when HWLOC_FSROOT points at a tree with memory-side caches)."""
+    env = clean_env()
+    env.update(HWLOC_FSROOT=extracted[QEMU_HYBRID])
+    plan = json.loads(run_cli(["--topology", os.path.join(FIXTURES, "knl-snc4-flat.xml"),
+                               "--ranks", "4", "--json"], env=env).stdout)
+    assert plan["memory_mode"] == "flat"
 
 
 def test_xeon_max_without_subtype_found_by_bandwidth():
