@@ -1,0 +1,596 @@
+"""hbmcoll.torch: the torch.distributed backend "hbmcoll" and the Horovod-style helpers.
+
+Every rank job initialises torch.distributed with backend "hbmcoll" and also makes a gloo group of
+the same ranks, runs each case through both and compares in the rank (inputs are made from
+(case, rank), so both backends see the same data). Where gloo has no answer (AVG on integers,
+int16/uint16 tensors, PREMUL_SUM) the rank computes the reference itself from every rank's input.
+Mismatches are collected and reported together at the end of a job. Starting processes that
+import torch costs seconds, so a few jobs each run a whole family of cases.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PYMOD = os.path.join(REPO, "pymod")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- in the ranks ---------------------------------------------------------------------------------
+
+def _init(comm, port, use_env=True):
+    """torch.distributed with backend hbmcoll over the ranks of `comm` (the harness's own hbmcoll
+    communicator: we only take rank and size from it), plus a gloo group of the same ranks.
+    use_env=False hides the launcher's variables: the backend then bootstraps through the
+    torch Store (the mp.spawn case)."""
+    import torch.distributed as dist
+
+    import hbmcoll.torch  # noqa: F401  (registers the backend)
+
+    r, p = comm.rank, comm.size
+    if not use_env:
+        for k in [k for k in os.environ if k.startswith("HBMCOLL_") and k not in
+                  ("HBMCOLL_TIMEOUT", "HBMCOLL_BIND", "HBMCOLL_QUIET")]:
+            del os.environ[k]
+    dist.init_process_group("hbmcoll", init_method=f"tcp://127.0.0.1:{port}", rank=r,
+                            world_size=p)
+    gloo = dist.new_group(backend="gloo")
+    return dist, gloo
+
+
+def _data(seed, rank, shape, dtype):
+    """Deterministic input of case `seed` on `rank`; values keep products and sums in range."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.complex(torch.randn(shape, generator=g), torch.randn(shape, generator=g)).to(dtype)
+    if dtype.is_floating_point:
+        return (0.5 + torch.rand(shape, generator=g)).to(dtype)   # [0.5, 1.5): prod stays sane
+    lo, hi = (0, 4) if dtype in (torch.uint8, torch.uint16) else (-3, 4)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def _close(a, b, dtype):
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if dtype in (torch.float16, torch.bfloat16):
+        tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+        return torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+    if dtype.is_floating_point or dtype.is_complex:
+        tol = 1e-5 if dtype in (torch.float32, torch.complex64) else 1e-12
+        return torch.allclose(a, b, rtol=tol, atol=tol)
+    return torch.equal(a, b)
+
+
+class Checker:
+    def __init__(self):
+        self.fails = []
+        self.count = 0
+
+    def __call__(self, name, got, want, dtype=None):
+        self.count += 1
+        if isinstance(got, (list, tuple)):
+            ok = len(got) == len(want) and all(_close(g, w, dtype or w.dtype)
+                                                for g, w in zip(got, want))
+        else:
+            ok = _close(got, want, dtype or want.dtype)
+        if not ok:
+            self.fails.append(f"{name}: got {got!r}\n   want {want!r}"[:600])
+
+
+def _local_reduce(xs, kind):
+    """Reference reduction of the ranks' inputs xs (in rank order), computed in the rank."""
+    R = torch.distributed.ReduceOp
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if kind == R.SUM or kind == R.AVG:
+            acc = acc + x
+        elif kind == R.PRODUCT:
+            acc = acc * x
+        elif kind == R.MIN:
+            acc = torch.minimum(acc, x)
+        elif kind == R.MAX:
+            acc = torch.maximum(acc, x)
+    if kind == R.AVG:
+        acc = torch.div(acc, len(xs), rounding_mode="trunc") if not acc.is_floating_point() \
+            else acc / len(xs)
+    return acc.to(xs[0].dtype)
+
+
+FLOATS = ["float32", "float64", "float16", "bfloat16"]
+INTS = ["int8", "uint8", "int32", "int64"]
+EXTRA = ["bool", "int16", "uint16", "complex64"]
+
+
+def rank_collectives(comm, port):
+    """Every collective x dtype x op through hbmcoll and through gloo (3 ranks)."""
+    dist, gloo = _init(comm, port)
+    R = dist.ReduceOp
+    r, P = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "hbmcoll"
+    check = Checker()
+    seed = [0]
+
+    def case():
+        seed[0] += 1
+        return seed[0]
+
+    ops = {"sum": R.SUM, "avg": R.AVG, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX,
+           "band": R.BAND, "bor": R.BOR, "bxor": R.BXOR}
+    for dname in FLOATS + INTS + EXTRA:
+        dtype = getattr(torch, dname)
+        for oname, op in ops.items():
+            if oname in ("band", "bor", "bxor") and (dtype.is_floating_point or dtype.is_complex):
+                continue
+            if dtype.is_complex and oname not in ("sum", "avg"):
+                continue
+            if dtype == torch.bool and oname == "avg":
+                continue
+            gloo_ok = dname not in ("int16", "uint16") and not (oname == "avg" and
+                                                               not dtype.is_floating_point)
+            for shape, noncontig in (((37,), False), ((5, 6), True), ((), False), ((3000,), False)):
+                s = case()
+                xs = [_data(s, q, shape, dtype) for q in range(P)]
+                x = xs[r]
+                if noncontig:
+                    x = x.t()
+                if gloo_ok:
+                    want = x.clone()
+                    dist.all_reduce(want, op, group=gloo)
+                else:
+                    want = _local_reduce(xs, op)
+                    want = want.t() if noncontig else want
+                got = x.clone() if not noncontig else x.clone().t().contiguous().t()
+                assert got.is_contiguous() != noncontig or got.dim() < 2
+                dist.all_reduce(got, op)
+                check(f"all_reduce {dname} {oname} {shape} nc={noncontig}", got, want, dtype)
+                # async
+                got2 = x.clone()
+                w = dist.all_reduce(got2, op, async_op=True)
+                w.wait()
+                check(f"all_reduce async {dname} {oname} {shape}", got2, want, dtype)
+            # reduce (to every root) and reduce_scatter, on a (P, 5) input
+            for root in range(P):
+                s = case()
+                x = _data(s, r, (11,), dtype)
+                a, b = x.clone(), x.clone()
+                if gloo_ok:
+                    dist.reduce(b, root, op, group=gloo)
+                else:
+                    b = _local_reduce([_data(s, q, (11,), dtype) for q in range(P)], op) \
+                        if r == root else b
+                dist.reduce(a, root, op)
+                if r == root:
+                    check(f"reduce {dname} {oname} root={root}", a, b, dtype)
+            s = case()
+            xs = [_data(s, q, (P, 5), dtype) for q in range(P)]
+            if gloo_ok and dtype != torch.complex64:
+                want = torch.empty(5, dtype=dtype)
+                dist.reduce_scatter(want, list(xs[r].unbind(0)), op, group=gloo)
+            else:
+                want = _local_reduce(xs, op)[r]
+            got = torch.empty(5, dtype=dtype)
+            dist.reduce_scatter(got, [t.clone() for t in xs[r].unbind(0)], op)
+            check(f"reduce_scatter {dname} {oname}", got, want, dtype)
+            got = torch.empty(5, dtype=dtype)
+            dist.reduce_scatter_tensor(got, xs[r].clone(), op)
+            check(f"reduce_scatter_tensor {dname} {oname}", got, want, dtype)
+            w = dist.reduce_scatter_tensor(got2 := torch.empty(5, dtype=dtype), xs[r].clone(), op,
+                                           async_op=True)
+            w.wait()
+            check(f"reduce_scatter_tensor async {dname} {oname}", got2, want, dtype)
+
+        # data movement
+        for root in range(P):
+            s = case()
+            x = _data(s, r, (4, 7), dtype)
+            a, b = x.clone(), x.clone()
+            dist.broadcast(b, root, group=gloo)
+            dist.broadcast(a, root)
+            check(f"broadcast {dname} root={root}", a, b)
+            a = x.clone().t()  # non-contiguous, in place
+            dist.broadcast(a, root)
+            check(f"broadcast non-contig {dname} root={root}", a, b.t())
+            # gather / scatter
+            outs = [torch.empty(4, 7, dtype=dtype) for _ in range(P)] if r == root else None
+            outs_g = [torch.empty(4, 7, dtype=dtype) for _ in range(P)] if r == root else None
+            dist.gather(x, outs, dst=root)
+            if dtype != torch.complex64:
+                dist.gather(x, outs_g, dst=root, group=gloo)
+            else:
+                outs_g = [_data(s, q, (4, 7), dtype) for q in range(P)] if r == root else None
+            if r == root:
+                check(f"gather {dname} root={root}", outs, outs_g)
+            ins = [_data(s + 100, q, (3,), dtype) for q in range(P)] if r == root else None
+            o1, o2 = torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype)
+            dist.scatter(o1, ins, src=root)
+            dist.scatter(o2, ins, src=root, group=gloo)
+            check(f"scatter {dname} root={root}", o1, o2)
+        s = case()
+        x = _data(s, r, (2, 3), dtype)
+        a = [torch.empty(2, 3, dtype=dtype) for _ in range(P)]
+        b = [torch.empty(2, 3, dtype=dtype) for _ in range(P)]
+        dist.all_gather(a, x)
+        dist.all_gather(b, x, group=gloo)
+        check(f"all_gather {dname}", a, b)
+        a = [torch.empty(3, 2, dtype=dtype).t() for _ in range(P)]  # non-contiguous outputs
+        dist.all_gather(a, x.t().contiguous().t())
+        check(f"all_gather non-contig {dname}", a, b)
+        o = torch.empty(P * 2, 3, dtype=dtype)
+        dist.all_gather_into_tensor(o, x)
+        check(f"all_gather_into_tensor {dname}", o, torch.cat(b))
+        o = torch.empty(P, 2, 3, dtype=dtype)
+        w = dist.all_gather_into_tensor(o, x, async_op=True)
+        w.wait()
+        check(f"all_gather_into_tensor async {dname}", o, torch.stack(b))
+        # all_to_all with equal and uneven blocks
+        ins = [_data(s + q, r, (q + r + 1,), dtype) for q in range(P)]   # to rank q
+        outs = [torch.empty(r + q + 1, dtype=dtype) for q in range(P)]  # from rank q
+        outs_g = [torch.empty(r + q + 1, dtype=dtype) for q in range(P)]
+        dist.all_to_all(outs, ins)
+        dist.all_to_all(outs_g, ins, group=gloo)
+        check(f"all_to_all uneven {dname}", outs, outs_g)
+        x = _data(s, r, (P * 4, 2), dtype)
+        a, b = torch.empty_like(x), torch.empty_like(x)
+        dist.all_to_all_single(a, x)
+        dist.all_to_all_single(b, x, group=gloo)
+        check(f"all_to_all_single {dname}", a, b)
+        in_splits = [q + 1 for q in range(P)]
+        out_splits = [r + 1] * P
+        x = _data(s + 7, r, (sum(in_splits), 3), dtype)
+        a = torch.empty(sum(out_splits), 3, dtype=dtype)
+        b = torch.empty(sum(out_splits), 3, dtype=dtype)
+        dist.all_to_all_single(a, x, out_splits, in_splits)
+        dist.all_to_all_single(b, x, out_splits, in_splits, group=gloo)
+        check(f"all_to_all_single uneven {dname}", a, b)
+
+    # PREMUL_SUM: sum of factor * x
+    s = case()
+    xs = [_data(s, q, (9,), torch.float32) for q in range(P)]
+    got = xs[r].clone()
+    dist.all_reduce(got, dist._make_nccl_premul_sum(0.5))
+    check("all_reduce premul_sum", got, 0.5 * sum(xs))
+
+    # many async works in flight, waited on in reverse order, and futures
+    works, tensors = [], []
+    for i in range(20):
+        t = torch.full((1000 * (i % 3 + 1),), float(r + i))
+        tensors.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+    futs = [w.get_future() for w in works]
+    for w in reversed(works):
+        assert w.wait()
+    for i, t in enumerate(tensors):
+        check(f"async #{i}", t, torch.full_like(t, sum(q + i for q in range(P))))
+    assert all(f.done() for f in futs) and all(w.is_completed() for w in works)
+    t = torch.ones(10)
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    check("future then", fut.wait(), torch.full((10,), 2.0 * P))
+    t = torch.ones(3)
+    w = dist.all_reduce(t, async_op=True)
+    while not w.is_completed():
+        time.sleep(0.001)
+    check("is_completed polling", t, torch.full((3,), float(P)))
+    w = dist.barrier(async_op=True)
+    w.wait()
+    dist.barrier()
+
+    # coalesced, objects
+    ts = [torch.full((3,), float(r)), torch.full((2, 2), float(r + 1))]
+    ws = [t.clone() for t in ts]
+    dist.all_reduce_coalesced(ts)
+    dist.all_reduce_coalesced(ws, group=gloo)
+    check("all_reduce_coalesced", ts, ws)
+    objs = [None] * P
+    dist.all_gather_object(objs, {"rank": r, "x": [r] * r})
+    assert objs == [{"rank": q, "x": [q] * q} for q in range(P)], objs
+    lst = [f"from {r}", r]
+    dist.broadcast_object_list(lst, src=P - 1)
+    assert lst == [f"from {P - 1}", P - 1], lst
+
+    # sub-groups: every rank calls new_group; non-members get GroupMember.NON_GROUP_MEMBER
+    members = [0, P - 1]
+    sub = dist.new_group(members)                       # backend of the default group: hbmcoll
+    sub_gloo = dist.new_group(members, backend="gloo")
+    odd = dist.new_group([q for q in range(P) if q % 2 == 1])
+    if r in members:
+        assert dist.get_backend(sub) == "hbmcoll" and sub.size() == 2
+        for dname in ("float32", "int64", "bfloat16"):
+            dtype = getattr(torch, dname)
+            x = _data(case(), r, (100,), dtype)
+            a, b = x.clone(), x.clone()
+            dist.all_reduce(a, group=sub)
+            dist.all_reduce(b, group=sub_gloo)
+            check(f"subgroup all_reduce {dname}", a, b, dtype)
+            a, b = x.clone(), x.clone()
+            dist.broadcast(a, src=P - 1, group=sub)     # global rank of the source
+            dist.broadcast(b, src=P - 1, group=sub_gloo)
+            check(f"subgroup broadcast {dname}", a, b)
+            o1 = [torch.empty_like(x) for _ in members]
+            o2 = [torch.empty_like(x) for _ in members]
+            dist.all_gather(o1, x, group=sub)
+            dist.all_gather(o2, x, group=sub_gloo)
+            check(f"subgroup all_gather {dname}", o1, o2)
+        w = dist.all_reduce(torch.ones(5), group=sub, async_op=True)
+        w.wait()
+    else:
+        assert sub == dist.GroupMember.NON_GROUP_MEMBER
+    if r % 2 == 1:
+        t = torch.ones(4)
+        dist.all_reduce(t, group=odd)
+        check("odd group", t, torch.full((4,), float(len(range(1, P, 2)))))
+    dist.barrier()
+    # the world communicator keeps working after sub-groups were used
+    t = torch.full((8,), float(r))
+    dist.all_reduce(t)
+    check("world after subgroups", t, torch.full((8,), float(sum(range(P)))))
+
+    # bad arguments: errors before any communication, the group stays usable
+    errs = []
+    for bad in (lambda: dist.send(torch.ones(1), (r + 1) % P),
+                lambda: dist.all_gather([torch.empty(2)] * P, torch.ones(3)),
+                lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND)):
+        try:
+            bad()
+            errs.append("no error")
+        except (NotImplementedError, ValueError, RuntimeError) as e:
+            errs.append(type(e).__name__)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    check("usable after bad arguments", t, torch.full((2,), float(P)))
+
+    # ranks that disagree (count) get an error, not a hang; the communicator is then closed
+    import hbmcoll
+    try:
+        dist.all_reduce(torch.ones(10 + r))
+        mismatch = "no error"
+    except hbmcoll.MismatchError:
+        mismatch = "MismatchError"
+    dist.destroy_process_group()
+    return {"fails": check.fails, "checked": check.count, "errs": errs, "mismatch": mismatch}
+
+
+def test_collectives_match_gloo(run_ranks):
+    res = run_ranks(3, rank_collectives, free_port(), timeout=240)
+    fails = [f for r in res for f in r["fails"]]
+    assert not fails, f"{len(fails)} mismatches, first ones:\n" + "\n".join(fails[:15])
+    assert res[0]["checked"] > 500
+    for r in res:
+        assert r["errs"] == ["NotImplementedError", "ValueError", "ValueError"], r["errs"]
+        assert r["mismatch"] == "MismatchError"
+
+
+# ---- DDP and the Horovod-style optimizer -----------------------------------------------------------
+
+def _model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _batches(rank, steps, bs=16):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(bs, 1, 8, 8, generator=g), torch.randint(0, 10, (bs,), generator=g))
+            for _ in range(steps)]
+
+
+def _train(model, opt, batches, before_step=None):
+    lossf = torch.nn.CrossEntropyLoss()
+    for x, y in batches:
+        opt.zero_grad()
+        lossf(model(x), y).backward()
+        if before_step is not None:
+            before_step()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def rank_training(comm, port):
+    """DDP over hbmcoll vs DDP over gloo (plain, comm hooks), and hbmcoll.torch's
+    DistributedOptimizer vs gloo DDP: same seeds and data, weights must end equal."""
+    dist, gloo = _init(comm, port, use_env=False)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hbmcoll.torch as hvd
+
+    r = dist.get_rank()
+    pg = dist.distributed_c10d._get_default_group()
+    launcher = pg.comm.launcher
+    batches = _batches(r, 6)
+    out = {"launcher": launcher, "diffs": {}}
+
+    def run(group, hook=None, bucket_mb=25, grad_view=False, model_seed=1):
+        m = _model(model_seed)
+        ddp = DDP(m, process_group=group, bucket_cap_mb=bucket_mb,
+                  gradient_as_bucket_view=grad_view)
+        if hook is not None:
+            ddp.register_comm_hook(group, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        return _train(ddp, opt, batches)
+
+    def maxdiff(a, b):
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+    ref = run(gloo)
+    out["diffs"]["ddp"] = maxdiff(run(pg), ref)
+    out["diffs"]["ddp small buckets, grad views"] = maxdiff(run(pg, bucket_mb=0.001,
+                                                                grad_view=True),
+                                                            run(gloo, bucket_mb=0.001,
+                                                                grad_view=True))
+    out["diffs"]["ddp allreduce_hook"] = maxdiff(run(pg, default_hooks.allreduce_hook),
+                                                 run(gloo, default_hooks.allreduce_hook))
+    out["diffs"]["ddp fp16_compress_hook"] = maxdiff(run(pg, default_hooks.fp16_compress_hook),
+                                                     run(gloo, default_hooks.fp16_compress_hook))
+    out["diffs"]["ddp bf16_compress_hook"] = maxdiff(run(pg, default_hooks.bf16_compress_hook),
+                                                     run(gloo, default_hooks.bf16_compress_hook))
+    # DDP syncs the initial weights from rank 0: different seeds per rank end equal too
+    w = run(pg, model_seed=10 + r)
+    out["init_sync"] = [float(t.sum()) for t in w]
+
+    # Horovod style, no DDP: broadcast from rank 0, DistributedOptimizer averages the gradients
+    hvd.init()
+    assert hvd.size() == dist.get_world_size() and hvd.rank() == r
+    for kw in ({}, {"bucket_cap_mb": 0.001}):
+        m = _model(20 + r)                 # different on every rank until the broadcast
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        dopt = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
+        hvd.broadcast_optimizer_state(dopt, root_rank=0)
+        got = _train(m, dopt, batches)
+        want = run(gloo, model_seed=20)    # DDP broadcasts rank 0's weights (seed 20)
+        out["diffs"][f"hvd optimizer {kw}"] = maxdiff(got, want)
+        dopt.remove_hooks()
+    # gradient clipping between synchronize() and step()
+    m = _model(20)
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
+
+    def clip():
+        dopt.synchronize()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+
+    lossf = torch.nn.CrossEntropyLoss()
+    for x, y in batches[:3]:
+        dopt.zero_grad()
+        lossf(m(x), y).backward()
+        clip()
+        with dopt.skip_synchronize():
+            dopt.step()
+    out["clipped"] = [float(p.sum()) for p in m.parameters()]
+    # backward_passes_per_step=2: two local backward passes, one allreduce
+    m = _model(20)
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                    backward_passes_per_step=2)
+    dopt.zero_grad()
+    for x, y in batches[:2]:
+        lossf(m(x), y).backward()
+    dopt.step()
+    out["passes2"] = [float(p.sum()) for p in m.parameters()]
+    m2 = _model(20)
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.1)
+    ddp2 = DDP(m2, process_group=gloo)
+    opt2.zero_grad()
+    with ddp2.no_sync():
+        lossf(ddp2(batches[0][0]), batches[0][1]).backward()
+    lossf(ddp2(batches[1][0]), batches[1][1]).backward()
+    opt2.step()
+    out["diffs"]["hvd backward_passes_per_step=2"] = maxdiff(list(m.parameters()),
+                                                             list(m2.parameters()))
+    # helpers
+    t = torch.full((4,), float(r))
+    out["allreduce"] = hvd.allreduce(t).tolist()                    # Average
+    out["allreduce_sum"] = hvd.allreduce(t, op=hvd.Sum).tolist()
+    out["allgather"] = hvd.allgather(torch.full((r + 1, 2), r)).tolist()
+    out["broadcast"] = hvd.broadcast(torch.tensor([r, r]), root_rank=1).tolist()
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    out["allreduce_grad"] = x.grad.tolist()
+    out["object"] = hvd.broadcast_object({"r": r}, root_rank=1)
+    out["objects"] = hvd.allgather_object(r * 10)
+    dist.destroy_process_group()
+    return out
+
+
+def test_ddp_and_optimizer_match_gloo(run_ranks):
+    res = run_ranks(2, rank_training, free_port(), timeout=240)
+    for r, out in enumerate(res):
+        assert out["launcher"] == "torch.distributed"   # bootstrapped through the Store
+        bad = {k: v for k, v in out["diffs"].items() if not v <= 2e-5}
+        assert not bad, f"rank {r}: weights differ from gloo's: {bad}"
+    for key in ("init_sync", "clipped", "passes2"):
+        assert res[0][key] == res[1][key], key
+    assert res[0]["allreduce"] == [0.5] * 4 and res[1]["allreduce_sum"] == [1.0] * 4
+    assert res[0]["allgather"] == [[0, 0], [1, 1], [1, 1]]
+    assert res[0]["broadcast"] == [1, 1]
+    assert res[0]["allreduce_grad"] == [2.0] * 3      # d(sum over ranks)/dx, summed
+    assert res[0]["object"] == {"r": 1} and res[1]["objects"] == [0, 10]
+
+
+# ---- failures ------------------------------------------------------------------------------------
+
+def rank_dies(comm, port, mode):
+    """Rank 1 dies in the middle of training; the others must get an exception, fast."""
+    dist, _ = _init(comm, port)
+    import hbmcoll
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r = dist.get_rank()
+    m = DDP(_model(1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    lossf = torch.nn.CrossEntropyLoss()
+    t0 = time.monotonic()
+    try:
+        for step, (x, y) in enumerate(_batches(r, 50)):
+            if step == 3 and r == 1:
+                os._exit(7)
+            opt.zero_grad()
+            lossf(m(x), y).backward()
+            opt.step()
+            if mode == "async":
+                w = dist.all_reduce(torch.ones(1000), async_op=True)
+                w.wait()
+            else:
+                dist.all_reduce(torch.ones(10))
+    except Exception as e:  # noqa: BLE001
+        return {"exc": type(e).__name__, "msg": str(e)[:300],
+                "hbmcoll": isinstance(e, hbmcoll.Error) or "hbmcoll" in str(e)
+                or "rank" in str(e), "after": time.monotonic() - t0, "step": step}
+    return {"exc": None}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_dead_rank_raises(run_ranks, mode):
+    res = run_ranks(3, rank_dies, free_port(), mode, timeout=120,
+                    env={"HBMCOLL_TIMEOUT": "60"}, check=False)
+    assert res[1].status == "died" and res[1].returncode == 7, res[1].describe()
+    for r in (0, 2):
+        assert res[r].status == "ok", res[r].describe()
+        v = res[r].value
+        assert v["exc"] is not None, f"rank {r} trained on without its peer"
+        assert v["hbmcoll"], v
+        assert v["after"] < 30, v   # well before HBMCOLL_TIMEOUT: found dead, not timed out
+
+
+# ---- the example under both launchers ----------------------------------------------------------------
+
+def _launch_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HBMCOLL_RANK", "HBMCOLL_SIZE", "HBMCOLL_LOCAL", "HBMCOLL_JOB_KEY"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PYMOD, env.get("PYTHONPATH")]))
+    env.update(HBMCOLL_QUIET="1", HBMCOLL_TIMEOUT="60", OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.parametrize("launcher", ["hbmcoll-run", "torchrun"])
+def test_example_ddp(launcher, tmp_path):
+    script = os.path.join(REPO, "examples", "torch_ddp.py")
+    args = [script, "--steps", "4", "--check"]
+    if launcher == "hbmcoll-run":
+        cmd = [sys.executable, "-m", "hbmcoll.run", "-n", "2", "--bind", "none"] + args
+    else:
+        if shutil.which("torchrun") is None:
+            pytest.skip("torchrun is not installed")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(free_port())] + args
+    p = subprocess.run(cmd, env=_launch_env(), capture_output=True, text=True, timeout=180,
+                       cwd=str(tmp_path))
+    assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr[-4000:]}"
+    assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
