@@ -99,7 +99,8 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(self);
     return PyErr_Format(PyExc_ValueError, "rank %d is not in range for size %d", rank, size);
   }
-  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout};
+  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout,
+                            .interrupt = hb_interrupt};
   if (placement != Py_None) {
     if (!PyObject_TypeCheck(placement, self->state->PlacementType)) {
       Py_DECREF(self);
@@ -117,12 +118,11 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (rc != 0) {
     const char *text = NULL;
     if (comm) coll_comm_error(comm, &text);
-    hb_raise(self->state, rc, text);
+    if (!(rc == COLL_EINTERRUPTED && PyErr_Occurred())) hb_raise(self->state, rc, text);
     coll_comm_free(comm);
     Py_DECREF(self);
     return NULL;
   }
-  coll_comm_set_interrupt(comm, hb_interrupt, NULL);
   self->comm = comm;
   return (PyObject *)self;
 }
@@ -137,6 +137,8 @@ static void comm_dealloc(hb_comm_t *self) {
     coll_comm_free(c);
     Py_END_ALLOW_THREADS
   }
+  coll_comm_free(self->kept);
+  self->kept = NULL;
   if (self->lock) PyThread_free_lock(self->lock);
   Py_CLEAR(self->placement);
   tp->tp_free(self);
@@ -302,8 +304,13 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
   if (rc != 0) {
     const char *text = NULL;
     if (sub) coll_comm_error(sub, &text);
-    if (sub) hb_raise(self->state, rc, text);
-    else hb_comm_error(self, rc);
+    if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) {
+      /* KeyboardInterrupt is already set */
+    } else if (sub) {
+      hb_raise(self->state, rc, text);
+    } else {
+      hb_comm_error(self, rc);
+    }
     coll_comm_free(sub);
   } else if (sub == NULL) {
     result = Py_NewRef(Py_None);
@@ -315,7 +322,6 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
       obj->lock = PyThread_allocate_lock();
       obj->comm = sub;
       obj->placement = Py_XNewRef(self->placement);
-      coll_comm_set_interrupt(sub, hb_interrupt, NULL);
       result = (PyObject *)obj;
     } else {
       coll_comm_free(sub);
@@ -342,9 +348,14 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   if (hb_comm_lock(self) != 0) return NULL;
   coll_comm_t *c = self->comm;
   self->comm = NULL;
-  Py_BEGIN_ALLOW_THREADS
-  coll_comm_free(c);
-  Py_END_ALLOW_THREADS
+  if (self->arena_live > 0) { /* hbmcoll.empty arrays still live: keep the mapping */
+    coll_comm_leave(c);
+    self->kept = c;
+  } else {
+    Py_BEGIN_ALLOW_THREADS
+    coll_comm_free(c);
+    Py_END_ALLOW_THREADS
+  }
   PyThread_release_lock(self->lock);
   Py_RETURN_NONE;
 }
@@ -431,6 +442,7 @@ static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args) {
     return NULL;
   }
   b->owner = (hb_comm_t *)Py_NewRef(self);
+  self->arena_live++;
   b->ptr = ptr;
   b->nbytes = nbytes;
   return (PyObject *)b;
@@ -443,7 +455,14 @@ static int arena_getbuffer(hb_arena_buf_t *self, Py_buffer *view, int flags) {
 static void arena_dealloc(hb_arena_buf_t *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
-  if (self->owner && self->owner->comm) coll_arena_free(self->owner->comm, self->ptr);
+  hb_comm_t *o = self->owner;
+  if (o) {
+    coll_arena_free(o->comm ? o->comm : o->kept, self->ptr);
+    if (--o->arena_live == 0 && o->kept) { /* the last array of a closed communicator */
+      coll_comm_free(o->kept);
+      o->kept = NULL;
+    }
+  }
   Py_CLEAR(self->owner);
   tp->tp_free(self);
   Py_DECREF(tp);

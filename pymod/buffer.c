@@ -89,7 +89,7 @@ static int buf_from_dlpack(PyObject *obj, const char *name, hb_buf_t *b) {
     expect *= t->shape[i];
     n *= (size_t)t->shape[i];
   }
-  if (!contiguous) {
+  if (!contiguous && n > 0) { /* empty tensors have arbitrary strides */
     PyErr_Format(PyExc_BufferError, "%s must be C-contiguous (call .contiguous() first)", name);
     goto fail;
   }
@@ -107,7 +107,8 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b) {
   if (PyObject_CheckBuffer(obj)) {
     int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
-      if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+      if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
+          PyErr_ExceptionMatches(PyExc_ValueError)) { /* NumPy says ValueError */
         PyErr_Clear();
         PyErr_Format(PyExc_BufferError, "%s must be a C-contiguous%s buffer", name,
                      writable ? ", writable" : "");

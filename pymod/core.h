@@ -28,6 +28,8 @@ typedef struct {
   PyThread_type_lock lock; /* one Python thread at a time */
   hb_state_t *state;
   PyObject *placement; /* Placement the segment was placed with, or NULL */
+  coll_comm_t *kept;   /* closed, but arena arrays still point into its mapping */
+  Py_ssize_t arena_live; /* ArenaBuffers not yet released */
 } hb_comm_t;
 
 /* buffer.c */

@@ -103,6 +103,8 @@ typedef struct {
   coll_place_fn place;    /* optional: rank 0 places the segment with it */
   void *place_arg;
   const int *local_ranks; /* optional: node-local rank of each rank (default: the rank) */
+  coll_interrupt_fn interrupt; /* optional: checked while waiting (also at creation) */
+  void *interrupt_arg;
 } coll_comm_config_t;
 
 /* Collective over `size` processes: build a communicator. Rank 0 creates the
@@ -118,9 +120,13 @@ int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
  * set to NULL. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
 
-/* Local: release everything (threads, mappings, fds). Pending requests fail
- * with COLL_EABORTED. NULL is fine. */
+/* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST
+ * instead of running into the timeout), then release everything (threads,
+ * mappings, fds). Queued requests fail with COLL_EABORTED. NULL is fine. */
 void coll_comm_free(coll_comm_t *comm);
+/* Local: only say this rank has left; later calls on it fail. The mapping
+ * stays (arena buffers remain readable) until coll_comm_free. */
+void coll_comm_leave(coll_comm_t *comm);
 
 /* Local: mark the communicator failed for every rank (they leave their waits
  * with COLL_EABORTED, or `reason` if it is a library code). */

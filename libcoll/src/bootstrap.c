@@ -35,6 +35,14 @@ typedef struct {
   char text[COLL_TEXT_MAX];
 } boot_reply_t;
 
+typedef struct {
+  double deadline;
+  coll_interrupt_fn interrupt; /* Ctrl-C during init/split: checked every slice */
+  void *arg;
+} boot_t;
+
+#define BOOT_SLICE_MS 50
+
 static double boot_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -58,17 +66,26 @@ static int boot_same_user(int fd) {
   return cred.uid == getuid() ? 0 : -EACCES;
 }
 
+/* Wait for `events` on fd in short slices: >0 ready, -ETIMEDOUT at the
+ * deadline, COLL_EINTERRUPTED when the interrupt check says so. */
+static int boot_poll(int fd, short events, const boot_t *b) {
+  for (;;) {
+    int ms = (int)((b->deadline - boot_now()) * 1000);
+    if (ms <= 0) return -ETIMEDOUT;
+    struct pollfd pfd = {fd, events, 0};
+    int rc = poll(&pfd, 1, ms < BOOT_SLICE_MS ? ms : BOOT_SLICE_MS);
+    if (rc > 0) return rc;
+    if (rc < 0 && errno != EINTR) return -errno;
+    if (b->interrupt && b->interrupt(b->arg)) return COLL_EINTERRUPTED;
+  }
+}
+
 /* Read or write exactly n bytes before the deadline. */
-static int boot_io(int fd, void *buf, size_t n, int writing, double deadline) {
+static int boot_io(int fd, void *buf, size_t n, int writing, const boot_t *b) {
   size_t done = 0;
   while (done < n) {
-    int ms = (int)((deadline - boot_now()) * 1000);
-    if (ms <= 0) return -ETIMEDOUT;
-    struct pollfd pfd = {fd, writing ? POLLOUT : POLLIN, 0};
-    int rc = poll(&pfd, 1, ms);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) return -errno;
-    if (rc == 0) return -ETIMEDOUT;
+    int rc = boot_poll(fd, writing ? POLLOUT : POLLIN, b);
+    if (rc < 0) return rc;
     ssize_t k = writing ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL)
                         : recv(fd, (char *)buf + done, n - done, 0);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -96,14 +113,9 @@ static int boot_send_fd(int sock, const boot_reply_t *reply, int fd) {
   return sendmsg(sock, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof *reply ? 0 : -errno;
 }
 
-static int boot_recv_fd(int sock, boot_reply_t *reply, int *fd_p, double deadline) {
-  int ms = (int)((deadline - boot_now()) * 1000);
-  struct pollfd pfd = {sock, POLLIN, 0};
-  int rc;
-  do rc = poll(&pfd, 1, ms > 0 ? ms : 0);
-  while (rc < 0 && errno == EINTR);
-  if (rc == 0) return -ETIMEDOUT;
-  if (rc < 0) return -errno;
+static int boot_recv_fd(int sock, boot_reply_t *reply, int *fd_p, const boot_t *b) {
+  int rc = boot_poll(sock, POLLIN, b);
+  if (rc < 0) return rc;
   char cbuf[CMSG_SPACE(sizeof(int))];
   struct iovec iov = {reply, sizeof *reply};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
@@ -118,7 +130,7 @@ static int boot_recv_fd(int sock, boot_reply_t *reply, int *fd_p, double deadlin
   return 0;
 }
 
-static int boot_leader(const char *key, int size, double deadline, int fd, char *err,
+static int boot_leader(const char *key, int size, const boot_t *b, int fd, char *err,
                        size_t errlen) {
   struct sockaddr_un addr;
   socklen_t alen = boot_address(key, &addr);
@@ -138,10 +150,12 @@ static int boot_leader(const char *key, int size, double deadline, int fd, char 
   }
   for (int i = 0; i < size; i++) conns[i] = -1;
   while (nconn < size - 1) {
-    int ms = (int)((deadline - boot_now()) * 1000);
-    struct pollfd pfd = {lsock, POLLIN, 0};
-    int prc = ms > 0 ? poll(&pfd, 1, ms) : 0;
-    if (prc < 0 && errno == EINTR) continue;
+    int prc = boot_poll(lsock, POLLIN, b);
+    if (prc == COLL_EINTERRUPTED) {
+      snprintf(err, errlen, "rank 0 was interrupted while waiting for the other ranks");
+      rc = prc;
+      goto out_close_conns;
+    }
     if (prc <= 0) {
       char missing[96] = "";
       size_t used = 0;
@@ -155,7 +169,7 @@ static int boot_leader(const char *key, int size, double deadline, int fd, char 
     int s = accept4(lsock, NULL, NULL, SOCK_CLOEXEC);
     if (s < 0) continue;
     boot_hello_t hello;
-    if (boot_same_user(s) != 0 || boot_io(s, &hello, sizeof hello, 0, deadline) != 0 ||
+    if (boot_same_user(s) != 0 || boot_io(s, &hello, sizeof hello, 0, b) != 0 ||
         hello.magic != BOOT_MAGIC || strncmp(hello.key, key, BOOT_KEY_MAX) != 0) {
       close(s); /* a stranger or a half-open connection: not one of ours */
       continue;
@@ -167,7 +181,7 @@ static int boot_leader(const char *key, int size, double deadline, int fd, char 
                hello.rank, hello.size,
                (hello.rank > 0 && hello.rank < size && conns[hello.rank] >= 0) ? " (twice)" : "");
       snprintf(err, errlen, "%s", reply.text);
-      boot_io(s, &reply, sizeof reply, 1, deadline);
+      boot_io(s, &reply, sizeof reply, 1, b);
       close(s);
       rc = COLL_EBOOTSTRAP;
       goto out_close_conns;
@@ -199,7 +213,7 @@ out_close_listener:
   return rc;
 }
 
-static int boot_member(const char *key, int rank, int size, double deadline, int *fd_p, char *err,
+static int boot_member(const char *key, int rank, int size, const boot_t *b, int *fd_p, char *err,
                        size_t errlen) {
   struct sockaddr_un addr;
   socklen_t alen = boot_address(key, &addr);
@@ -215,9 +229,13 @@ static int boot_member(const char *key, int rank, int size, double deadline, int
       snprintf(err, errlen, "rank %d could not connect to rank 0: %s", rank, strerror(-rc));
       return rc;
     }
-    if (boot_now() >= deadline) {
+    if (boot_now() >= b->deadline) {
       snprintf(err, errlen, "rank %d found no rank 0 listening for job key '%s' in time", rank, key);
       return -ETIMEDOUT;
+    }
+    if (b->interrupt && b->interrupt(b->arg)) {
+      snprintf(err, errlen, "rank %d was interrupted while looking for rank 0", rank);
+      return COLL_EINTERRUPTED;
     }
     usleep(nap);
     if (nap < 50000) nap *= 2;
@@ -233,12 +251,12 @@ static int boot_member(const char *key, int rank, int size, double deadline, int
   hello.size = size;
   hello.rank = rank;
   snprintf(hello.key, sizeof hello.key, "%s", key);
-  rc = boot_io(s, &hello, sizeof hello, 1, deadline);
+  rc = boot_io(s, &hello, sizeof hello, 1, b);
   boot_reply_t reply;
   int fd = -1;
-  if (rc == 0) rc = boot_recv_fd(s, &reply, &fd, deadline);
+  if (rc == 0) rc = boot_recv_fd(s, &reply, &fd, b);
   if (rc != 0) {
-    snprintf(err, errlen, "rank %d lost rank 0 while joining: %s", rank, strerror(-rc));
+    snprintf(err, errlen, "rank %d lost rank 0 while joining: %s", rank, coll_strerror(rc));
     goto out;
   }
   if (reply.status != 0 || fd < 0) {
@@ -254,10 +272,10 @@ out:
 }
 
 int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    char *err, size_t errlen) {
+                    coll_interrupt_fn interrupt, void *arg, char *err, size_t errlen) {
   if (strlen(key) >= BOOT_KEY_MAX) return COLL_EBADARG;
-  double deadline = boot_now() + timeout_s;
+  boot_t b = {boot_now() + timeout_s, interrupt, arg};
   if (size == 1) return 0;
-  if (rank == 0) return boot_leader(key, size, deadline, *fd_inout, err, errlen);
-  return boot_member(key, rank, size, deadline, fd_inout, err, errlen);
+  if (rank == 0) return boot_leader(key, size, &b, *fd_inout, err, errlen);
+  return boot_member(key, rank, size, &b, fd_inout, err, errlen);
 }

@@ -104,6 +104,8 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   }
   c->place = cfg->place;
   c->place_arg = cfg->place_arg;
+  c->interrupt_fn = cfg->interrupt;
+  c->interrupt_arg = cfg->interrupt_arg;
 
   if (c->rank == 0) {
     coll__header_t h;
@@ -121,7 +123,8 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
   }
   char err[COLL_TEXT_MAX] = "";
-  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, err, sizeof err);
+  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, cfg->interrupt,
+                       cfg->interrupt_arg, err, sizeof err);
   if (rc) {
     c->error = rc == -ETIMEDOUT || rc == COLL_EBOOTSTRAP ? COLL_EBOOTSTRAP : rc;
     snprintf(c->error_text, sizeof c->error_text, "%s", err[0] ? err : coll_strerror(rc));
@@ -135,7 +138,10 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   if (c->spin_iters < 0) c->spin_iters = 20000; /* until every rank's CPU mask is known */
   c->yield_budget = 1 << 30;
   coll_args_t barrier = {.kind = COLL_BARRIER};
-  if ((rc = coll__execute(c, &barrier)) != 0) return rc;
+  c->allow_interrupt = 1;
+  rc = coll__execute(c, &barrier);
+  c->allow_interrupt = 0;
+  if (rc) return rc;
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) c->pidfd[r] = (int)syscall(SYS_pidfd_open, c->ctl[r].pid, 0);
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
@@ -188,8 +194,13 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   int newrank = 0;
   for (int i = 0; i < n; i++)
     if (all[i].rank == c->rank) newrank = i;
-  char subkey[200];
-  snprintf(subkey, sizeof subkey, "%.150s/s%llu.%d", c->key, (unsigned long long)split_no, color);
+  /* a hash of the whole parent key: nested splits never grow the key nor cut
+   * off what tells sibling groups apart */
+  uint64_t h = 1469598103934665603ull;
+  for (const char *k = c->key; *k; k++) h = (h ^ (uint8_t)*k) * 1099511628211ull;
+  char subkey[80];
+  snprintf(subkey, sizeof subkey, "split.%016llx/s%llu.%d", (unsigned long long)h,
+           (unsigned long long)split_no, color);
   int *local = malloc((size_t)n * sizeof *local);
   if (local == NULL) {
     free(all);
@@ -199,15 +210,27 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   free(all);
   coll_comm_config_t cfg = {.rank = newrank, .size = n, .job_key = subkey,
                             .timeout_s = c->params.timeout_s, .place = c->place,
-                            .place_arg = c->place_arg, .local_ranks = local};
+                            .place_arg = c->place_arg, .local_ranks = local,
+                            .interrupt = c->interrupt_fn, .interrupt_arg = c->interrupt_arg};
   rc = coll_comm_create(&cfg, comm_p);
   free(local);
   return rc;
 }
 
+void coll_comm_leave(coll_comm_t *c) {
+  if (c == NULL || c->ctl == NULL || atomic_load(&c->ctl[c->rank].left)) return;
+  atomic_store(&c->ctl[c->rank].left, 1);
+  coll__wake_all(c); /* sleepers re-check and find out */
+  if (c->error == 0) {
+    c->error = COLL_EABORTED;
+    snprintf(c->error_text, sizeof c->error_text, "this rank closed the communicator");
+  }
+}
+
 void coll_comm_free(coll_comm_t *c) {
   if (c == NULL) return;
   coll__worker_stop(c);
+  coll_comm_leave(c);
   coll__arena_destroy(c);
   if (c->base) munmap(c->base, c->map_bytes);
   if (c->fd >= 0) close(c->fd);

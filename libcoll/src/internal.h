@@ -49,6 +49,7 @@ typedef struct {
   _Alignas(COLL_LINE) _Atomic uint32_t wake; /* bumped after every publish; futex word */
   _Atomic uint32_t sleepers; /* waiters asleep on `wake` */
   int32_t pid;
+  _Atomic int32_t left; /* this rank closed the communicator */
   /* lines 2-3: written once at creation */
   _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
 } coll__ctl_t;
@@ -125,7 +126,7 @@ void coll__segment_prefault(void *addr, size_t bytes);
 /* ---- bootstrap.c ---- */
 /* Rank 0 listens and sends `fd` to every other rank; others receive it. */
 int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    char *err, size_t errlen);
+                    coll_interrupt_fn interrupt, void *arg, char *err, size_t errlen);
 
 /* ---- sync.c ---- */
 static inline uint8_t *coll__slot(coll_comm_t *c, int r, int parity) {

@@ -184,7 +184,16 @@ int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
   coll_req_t *r;
   int rc = coll_start(c, a, &r);
   if (rc) return rc;
-  rc = coll_req_wait(r, -1);
+  /* wait in slices so Ctrl-C still ends a blocking call queued behind requests */
+  while ((rc = coll_req_wait(r, 0.05)) == -ETIMEDOUT && !coll_req_test(r, NULL)) {
+    if (c->interrupt_fn && c->interrupt_fn(c->interrupt_arg)) {
+      coll__fail(c, COLL_EPEERLOST, "rank %d was interrupted by a signal; the communicator is closed",
+                 c->rank);
+      coll_req_free(r); /* the abort ends what the worker runs */
+      return COLL_EINTERRUPTED;
+    }
+  }
+  if (coll_req_test(r, &rc) != 1) rc = coll_req_wait(r, -1);
   coll_req_free(r);
   return rc;
 }

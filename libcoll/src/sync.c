@@ -119,7 +119,11 @@ static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uin
   } else if (c->ctl[peer].pid > 0) {
     dead = kill(c->ctl[peer].pid, 0) != 0 && errno == ESRCH;
   }
-  if (!dead || atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
+  int left = atomic_load_explicit(&c->ctl[peer].left, memory_order_acquire);
+  if ((!dead && !left) || atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
+  if (left && !dead)
+    return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) closed the communicator; it is closed",
+                      peer, (int)c->ctl[peer].pid);
   return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed", peer,
                     (int)c->ctl[peer].pid);
 }

@@ -55,10 +55,9 @@ def _empty_like(buf, shape):
     n = 1
     for s in shape:
         n *= s
-    item = memoryview(buf).itemsize
-    fmt = memoryview(buf).format
-    out = bytearray(n * item)
-    return out if fmt in ("B", "b", "c") and item == 1 else memoryview(out).cast(fmt)
+    mv = memoryview(buf)
+    out = bytearray(n * mv.itemsize)
+    return out if mv.format == "B" else memoryview(out).cast(mv.format)
 
 
 def _shape(buf):
@@ -264,6 +263,8 @@ class Communicator:
     def set_algorithm(self, collective, name):
         """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
         on every rank alike (HBMCOLL_ALGO does the same from the environment)."""
+        if collective not in _KINDS:
+            raise ValueError(f"unknown collective {collective!r}: one of {', '.join(_KINDS)}")
         self._c.set_algorithm(_KINDS[collective], name)
 
     def empty(self, shape, dtype="float32"):

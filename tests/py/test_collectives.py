@@ -648,7 +648,6 @@ def deep_split_rank(comm, depth):
     return again.size
 
 
-@pytest.mark.libbug("comm.c coll_comm_split: child keys cut to 150 chars collide")
 def test_deeply_nested_split(start_ranks):
     """Bug: coll_comm_split (libcoll/src/comm.c) names a child "%.150s/s<n>.<color>" after its
     parent's key, cut to 150 characters. Past ~20 levels of nesting the part that told sibling

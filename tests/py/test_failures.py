@@ -335,7 +335,6 @@ def test_abort_reaches_every_rank(run_ranks, P):
             assert t - t_abort < DETECT_S, f"rank {r} learnt after {t - t_abort:.1f} s"
 
 
-@pytest.mark.libbug("close() does not tell the peers: they run into HBMCOLL_TIMEOUT")
 def test_close_while_peers_wait(run_ranks):
     """A rank that closes its communicator and carries on has left it: ranks waiting for it
     should get PeerLostError ("a peer process died or left the communicator", coll.h) at once,
@@ -527,7 +526,6 @@ def queued_ctrl_c_rank(comm, late_s):
         return (type(e).__name__, time.monotonic())
 
 
-@pytest.mark.libbug("request.c coll__run_ordered: uninterruptible wait")
 def test_ctrl_c_in_blocking_collective_behind_request(start_ranks):
     """Bug: a blocking collective issued while a request is pending is queued behind it
     (coll__run_ordered in libcoll/src/request.c) and then waits in coll_req_wait(r, -1), a
@@ -562,7 +560,6 @@ def init_ctrl_c_rank(comm, who):
         return (type(e).__name__, time.monotonic(), str(e))
 
 
-@pytest.mark.libbug("bootstrap: init/split not interruptible")
 @pytest.mark.parametrize("who", [0, 1], ids=["listening-rank0", "connecting-rank1"])
 def test_ctrl_c_in_init(start_ranks, who):
     """Bug: hbmcoll.init() (and split) wait for the other ranks in coll_comm_create's bootstrap

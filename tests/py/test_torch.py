@@ -37,10 +37,13 @@ def _init(comm, port, use_env=True):
     communicator: we only take rank and size from it), plus a gloo group of the same ranks.
     use_env=False hides the launcher's variables: the backend then bootstraps through the
     torch Store (the mp.spawn case)."""
+    import warnings
+
     import torch.distributed as dist
 
     import hbmcoll.torch  # noqa: F401  (registers the backend)
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co.
     r, p = comm.rank, comm.size
     if not use_env:
         for k in [k for k in os.environ if k.startswith("HBMCOLL_") and k not in
@@ -96,6 +99,9 @@ class Checker:
 def _local_reduce(xs, kind):
     """Reference reduction of the ranks' inputs xs (in rank order), computed in the rank."""
     R = torch.distributed.ReduceOp
+    dtype = xs[0].dtype
+    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+        xs = [x.to(torch.int64) for x in xs]   # uint16 has no arithmetic in torch
     acc = xs[0].clone()
     for x in xs[1:]:
         if kind == R.SUM or kind == R.AVG:
@@ -106,10 +112,16 @@ def _local_reduce(xs, kind):
             acc = torch.minimum(acc, x)
         elif kind == R.MAX:
             acc = torch.maximum(acc, x)
+        elif kind == R.BAND:
+            acc = acc & x
+        elif kind == R.BOR:
+            acc = acc | x
+        elif kind == R.BXOR:
+            acc = acc ^ x
     if kind == R.AVG:
-        acc = torch.div(acc, len(xs), rounding_mode="trunc") if not acc.is_floating_point() \
-            else acc / len(xs)
-    return acc.to(xs[0].dtype)
+        acc = acc / len(xs) if acc.is_floating_point() or acc.is_complex() \
+            else torch.div(acc, len(xs), rounding_mode="trunc")
+    return acc.to(dtype)
 
 
 FLOATS = ["float32", "float64", "float16", "bfloat16"]
@@ -150,13 +162,13 @@ def rank_collectives(comm, port):
                 if noncontig:
                     x = x.t()
                 if gloo_ok:
-                    want = x.clone()
+                    want = x.clone(memory_format=torch.contiguous_format)
                     dist.all_reduce(want, op, group=gloo)
                 else:
                     want = _local_reduce(xs, op)
                     want = want.t() if noncontig else want
-                got = x.clone() if not noncontig else x.clone().t().contiguous().t()
-                assert got.is_contiguous() != noncontig or got.dim() < 2
+                got = x.clone()  # keeps x's strides
+                assert got.is_contiguous() != noncontig
                 dist.all_reduce(got, op)
                 check(f"all_reduce {dname} {oname} {shape} nc={noncontig}", got, want, dtype)
                 # async
@@ -195,12 +207,21 @@ def rank_collectives(comm, port):
             w.wait()
             check(f"reduce_scatter_tensor async {dname} {oname}", got2, want, dtype)
 
-        # data movement
+        # data movement; gloo moves what it lacks (int16, uint16; complex gather) as bytes
+        view = {torch.int16: torch.int8, torch.uint16: torch.uint8,
+                torch.complex64: torch.float32}.get(dtype)
+
+        def gv(t, view=view):
+            return t.view(view) if view is not None else t
+
+        def gvs(ts):
+            return None if ts is None else [gv(t) for t in ts]
+
         for root in range(P):
             s = case()
             x = _data(s, r, (4, 7), dtype)
             a, b = x.clone(), x.clone()
-            dist.broadcast(b, root, group=gloo)
+            dist.broadcast(gv(b), root, group=gloo)
             dist.broadcast(a, root)
             check(f"broadcast {dname} root={root}", a, b)
             a = x.clone().t()  # non-contiguous, in place
@@ -210,23 +231,20 @@ def rank_collectives(comm, port):
             outs = [torch.empty(4, 7, dtype=dtype) for _ in range(P)] if r == root else None
             outs_g = [torch.empty(4, 7, dtype=dtype) for _ in range(P)] if r == root else None
             dist.gather(x, outs, dst=root)
-            if dtype != torch.complex64:
-                dist.gather(x, outs_g, dst=root, group=gloo)
-            else:
-                outs_g = [_data(s, q, (4, 7), dtype) for q in range(P)] if r == root else None
+            dist.gather(gv(x), gvs(outs_g), dst=root, group=gloo)
             if r == root:
                 check(f"gather {dname} root={root}", outs, outs_g)
             ins = [_data(s + 100, q, (3,), dtype) for q in range(P)] if r == root else None
             o1, o2 = torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype)
             dist.scatter(o1, ins, src=root)
-            dist.scatter(o2, ins, src=root, group=gloo)
+            dist.scatter(gv(o2), gvs(ins), src=root, group=gloo)
             check(f"scatter {dname} root={root}", o1, o2)
         s = case()
         x = _data(s, r, (2, 3), dtype)
         a = [torch.empty(2, 3, dtype=dtype) for _ in range(P)]
         b = [torch.empty(2, 3, dtype=dtype) for _ in range(P)]
         dist.all_gather(a, x)
-        dist.all_gather(b, x, group=gloo)
+        dist.all_gather(gvs(b), gv(x), group=gloo)
         check(f"all_gather {dname}", a, b)
         a = [torch.empty(3, 2, dtype=dtype).t() for _ in range(P)]  # non-contiguous outputs
         dist.all_gather(a, x.t().contiguous().t())
@@ -241,14 +259,19 @@ def rank_collectives(comm, port):
         # all_to_all with equal and uneven blocks
         ins = [_data(s + q, r, (q + r + 1,), dtype) for q in range(P)]   # to rank q
         outs = [torch.empty(r + q + 1, dtype=dtype) for q in range(P)]  # from rank q
-        outs_g = [torch.empty(r + q + 1, dtype=dtype) for q in range(P)]
+        dist.all_to_all(outs, ins)  # gloo has no uneven all_to_all: what rank q sent us
+        check(f"all_to_all uneven {dname}", outs,
+              [_data(s + r, q, (r + q + 1,), dtype) for q in range(P)])
+        ins = [_data(s + q, r, (2, 2), dtype) for q in range(P)]
+        outs = [torch.empty(2, 2, dtype=dtype) for q in range(P)]
+        outs_g = [torch.empty(2, 2, dtype=dtype) for q in range(P)]
         dist.all_to_all(outs, ins)
-        dist.all_to_all(outs_g, ins, group=gloo)
-        check(f"all_to_all uneven {dname}", outs, outs_g)
+        dist.all_to_all(gvs(outs_g), gvs(ins), group=gloo)
+        check(f"all_to_all {dname}", outs, outs_g)
         x = _data(s, r, (P * 4, 2), dtype)
         a, b = torch.empty_like(x), torch.empty_like(x)
         dist.all_to_all_single(a, x)
-        dist.all_to_all_single(b, x, group=gloo)
+        dist.all_to_all_single(gv(b), gv(x), group=gloo)
         check(f"all_to_all_single {dname}", a, b)
         in_splits = [q + 1 for q in range(P)]
         out_splits = [r + 1] * P
@@ -256,7 +279,7 @@ def rank_collectives(comm, port):
         a = torch.empty(sum(out_splits), 3, dtype=dtype)
         b = torch.empty(sum(out_splits), 3, dtype=dtype)
         dist.all_to_all_single(a, x, out_splits, in_splits)
-        dist.all_to_all_single(b, x, out_splits, in_splits, group=gloo)
+        dist.all_to_all_single(gv(b), gv(x), out_splits, in_splits, group=gloo)
         check(f"all_to_all_single uneven {dname}", a, b)
 
     # PREMUL_SUM: sum of factor * x

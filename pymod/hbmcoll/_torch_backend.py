@@ -1,0 +1,723 @@
+"""hbmcoll as a torch.distributed backend, in pure Python.
+
+Importing this module (``import hbmcoll.torch`` does it) registers the backend ``"hbmcoll"`` for
+CPU tensors:
+
+    import hbmcoll.torch
+    dist.init_process_group("hbmcoll")
+
+How it plugs in (torch 2.13): ``dist.Backend.register_backend(name, creator, devices=["cpu"])``;
+``init_process_group``/``new_group`` call ``creator(prefix_store, group_rank, group_size,
+timeout)`` on the members of the new group, and because the creator returns a Python subclass of
+``dist.ProcessGroup``, that object *is* the process group: ``dist.all_reduce`` & co. call its
+methods directly, and C++ callers (DDP's reducer, ``_broadcast_coalesced``,
+``verify_params_across_processes``) reach the same methods through torch's PyProcessGroup
+trampoline. Each method turns the tensors into buffers hbmcoll takes without a copy (contiguous
+CPU tensors, via ``__dlpack__``), runs the collective, and returns a ``Work``:
+
+- ``async_op=False`` (``opts.asyncOp`` false): the collective runs right here (the GIL is released
+  while it runs); the returned Work is already complete.
+- ``async_op=True`` and every call from C++ (DDP): the i-variant starts it on hbmcoll's progress
+  thread; a per-group completer thread waits for the requests in order, copies results back where
+  a temporary was needed, and completes the Work's ``torch.futures.Future`` (DDP's reducer and comm
+  hooks chain on that future). ``work.wait()`` completes it in the caller's thread if the completer
+  has not yet.
+
+Anything hbmcoll does not do natively is adapted here: non-contiguous tensors (copy to a
+contiguous temporary, copy back), dtypes outside its set (bool, int16, uint16/32/64, complex,
+float8: data movement as raw bytes; reductions on a widened or reinterpreted copy), BAND/BOR/BXOR
+(gather, then fold locally), PREMUL_SUM (scale, then sum), list-of-tensors outputs (one flat
+temporary, then copies), and uneven all_to_all splits (padded to the largest block).
+
+Groups: the world group joins the communicator of the launcher's environment (``hbmcoll.init``)
+when that environment describes the same rank and size; otherwise (``mp.spawn`` with explicit
+ranks, sub-groups from ``new_group``) rank 0 of the group puts a fresh job key into the group's
+torch Store, the other members read it, and the members build an hbmcoll communicator of their own.
+That needs only the members: torch calls the creator on members only, so ``comm.split`` (which the
+whole parent communicator must call) cannot be used for ``new_group``.
+"""
+import os
+import queue
+import secrets
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+from . import comm as _comm
+from . import launch_env
+
+BACKEND = "hbmcoll"
+
+_R = dist.ReduceOp.RedOpType
+_OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max"}
+_BITWISE = {_R.BAND: torch.bitwise_and, _R.BOR: torch.bitwise_or, _R.BXOR: torch.bitwise_xor}
+_NATIVE = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                     torch.int8, torch.uint8, torch.int32, torch.int64})
+# integer dtypes hbmcoll lacks: reduce in a wider one (sum/prod wrap the same way once cast back)
+_WIDEN = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
+
+
+# ---- Work ----------------------------------------------------------------------------------------
+
+class Work(dist._Work):
+    """A collective of this backend. wait() blocks until it is done (raising its error);
+    get_future() gives a torch Future whose value is the list of output tensors."""
+
+    def __init__(self, req, finish, result):
+        super().__init__()
+        self._req = req           # hbmcoll Request, or None when already complete
+        self._finish = finish     # copies back/unpacks after the collective, or None
+        self._result = result     # the future's value
+        self._fut = torch.futures.Future()
+        self._exc = None
+        if req is None:
+            self._done = True
+            self._fut.set_result(result)
+        else:
+            self._done = False
+            self._lock = threading.Lock()
+
+    def _complete(self):
+        """Finish the collective (once, whichever thread comes first)."""
+        if self._done:
+            return
+        with self._lock:
+            if self._done:
+                return
+            try:
+                self._req.wait()
+                if self._finish is not None:
+                    self._finish()
+                exc = None
+            except BaseException as e:  # noqa: BLE001 - handed to every waiter
+                exc = e
+            self._req = self._finish = None
+            self._exc = exc
+            self._done = True
+        if exc is None:
+            self._fut.set_result(self._result)
+        else:
+            self._fut.set_exception(exc)
+
+    def wait(self, timeout=None):
+        self._complete()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._done
+
+    def is_success(self):
+        return self._done and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._result
+
+    def synchronize(self):
+        pass
+
+    def __repr__(self):
+        return f"<hbmcoll.torch Work {'done' if self._done else 'running'}>"
+
+
+class _Completer:
+    """One thread per process group: completes started Works in the order they were started
+    (hbmcoll runs them in that order), so futures complete without anyone calling wait()."""
+
+    def __init__(self, name):
+        self._q = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        q = self._q
+        while True:
+            w = q.get()
+            if w is None:
+                return
+            w._complete()
+            del w
+
+    def put(self, w):
+        self._q.put(w)
+
+    def stop(self):
+        self._q.put(None)
+        self._thread.join()
+
+
+# ---- tensor adapters -----------------------------------------------------------------------------
+
+def _plain(t):
+    return t.detach() if t.requires_grad else t
+
+
+def _flat_mv(t):
+    """A contiguous buffer with t's data for moving (not reducing): t itself when it can be,
+    else a copy; raw bytes for dtypes hbmcoll does not know."""
+    t = _plain(t)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype not in _NATIVE:
+        t = t.reshape(-1).view(torch.uint8)
+    return t
+
+
+def _mv_dtype(dtype):
+    return dtype if dtype in _NATIVE else torch.uint8
+
+
+def _unit_count(t):
+    """Elements of t in units of its movement buffer."""
+    return t.numel() if t.dtype in _NATIVE else t.numel() * t.element_size()
+
+
+def _as_like(flat, like):
+    """flat (1-D, movement units) reinterpreted with like's dtype and shape."""
+    if flat.dtype != like.dtype:
+        flat = flat.view(like.dtype)
+    return flat.view(like.shape)
+
+
+def _copy_into(dst, flat):
+    dst = _plain(dst)
+    dst.copy_(_as_like(flat, dst))
+
+
+def _inout(t):
+    """(buffer, finish) to move data in place in t (bcast)."""
+    buf = _flat_mv(t)
+    p = _plain(t)
+    if buf.data_ptr() == p.data_ptr() and buf.dtype == p.dtype:
+        return buf, None
+    if p.is_contiguous():  # raw-byte view of t itself: nothing to copy back
+        return buf, None
+    return buf, lambda: p.copy_(_as_like(buf.reshape(-1), p))
+
+
+def _out_buf(t):
+    """(buffer, finish) to receive into t: t itself when contiguous, else a temporary."""
+    p = _plain(t)
+    if p.is_contiguous():
+        return (p if p.dtype in _NATIVE else p.reshape(-1).view(torch.uint8)), None
+    tmp = torch.empty(_unit_count(p), dtype=_mv_dtype(p.dtype))
+    return tmp, lambda: p.copy_(_as_like(tmp, p))
+
+
+class _RedPlan:
+    """How to reduce tensors of one dtype with one torch ReduceOp on hbmcoll."""
+
+    __slots__ = ("op", "fold", "work_dtype", "mode", "factor")
+
+    def __init__(self, dtype, redop):
+        kind = redop.op if isinstance(redop, dist.ReduceOp) else redop
+        self.factor = None
+        self.mode = None          # None: as is; "cast": to work_dtype; "view": reinterpret
+        self.work_dtype = dtype
+        self.fold = None
+        if kind == _R.PREMUL_SUM:
+            self.factor = redop.factor
+            kind = _R.SUM
+        if dtype == torch.bool:
+            if kind in (_R.SUM, _R.MAX, _R.BOR):
+                kind = _R.MAX
+            elif kind in (_R.PRODUCT, _R.MIN, _R.BAND):
+                kind = _R.MIN
+            elif kind != _R.BXOR:
+                raise ValueError(f"hbmcoll: {kind.name} is not defined for bool tensors")
+            self.mode, self.work_dtype = "cast", torch.uint8
+        elif dtype in _NATIVE:
+            pass
+        elif dtype in _WIDEN:
+            self.mode, self.work_dtype = "cast", _WIDEN[dtype]
+        elif dtype == torch.uint64:
+            if kind in (_R.MIN, _R.MAX, _R.AVG):
+                raise ValueError(f"hbmcoll: {kind.name} is not supported for uint64 tensors")
+            self.mode, self.work_dtype = "view", torch.int64   # same bits for wrapping sum/prod
+        elif dtype.is_complex:
+            if kind not in (_R.SUM, _R.AVG):
+                raise ValueError(f"hbmcoll: {kind.name} is not defined for complex tensors")
+            self.mode = "complex"
+            self.work_dtype = torch.float32 if dtype == torch.complex64 else torch.float64
+        elif dtype.is_floating_point:
+            self.mode, self.work_dtype = "cast", torch.float32
+        else:
+            raise TypeError(f"hbmcoll: cannot reduce tensors of dtype {dtype}")
+        if kind in _BITWISE:
+            if self.work_dtype.is_floating_point:
+                raise ValueError(f"hbmcoll: {kind.name} needs integer or bool tensors, "
+                                 f"not {dtype}")
+            self.fold, self.op = _BITWISE[kind], None
+        else:
+            self.op = _OPS.get(kind)
+            if self.op is None:
+                raise ValueError(f"hbmcoll: unsupported reduce op {kind}")
+
+    def to_work(self, t):
+        """A contiguous work copy of t, or t itself when nothing is to change."""
+        t = _plain(t)
+        if self.factor is not None:
+            t = t * self.factor
+        if self.mode is None:
+            return t if t.is_contiguous() else t.contiguous()
+        if self.mode == "cast":
+            return t.to(self.work_dtype).contiguous()
+        if self.mode == "complex":
+            return torch.view_as_real(t.contiguous())
+        return t.contiguous().view(self.work_dtype)
+
+    def store(self, dst, work):
+        """Write a work-dtype result into dst (any layout, its own dtype)."""
+        dst = _plain(dst)
+        if work.data_ptr() == dst.data_ptr() and self.mode in (None, "view", "complex") \
+                and dst.is_contiguous():
+            return
+        if self.mode == "complex":
+            work = torch.view_as_complex(work.reshape(-1, 2))
+        elif self.mode == "view":
+            work = work.view(dst.dtype)
+        dst.copy_(work.view(dst.shape))
+
+    def fold_rows(self, stacked):
+        """Reduce a (P, ...) tensor of the ranks' contributions over its first dimension."""
+        acc = stacked[0].clone()
+        for i in range(1, stacked.shape[0]):
+            self.fold(acc, stacked[i], out=acc)
+        return acc
+
+
+def _flat_cat(tensors, dtype=None):
+    """One contiguous 1-D tensor of the tensors' data (movement units unless dtype given)."""
+    parts = [_plain(t).reshape(-1) for t in tensors]
+    if dtype is None and parts and parts[0].dtype not in _NATIVE:
+        parts = [p.contiguous().view(torch.uint8) for p in parts]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=dtype or torch.uint8)
+
+
+# ---- the process group ---------------------------------------------------------------------------
+
+class ProcessGroupHbmcoll(dist.ProcessGroup):
+    """torch.distributed process group over an hbmcoll Communicator (CPU tensors)."""
+
+    def __init__(self, comm, rank=None, size=None):
+        super().__init__(comm.rank if rank is None else rank, comm.size if size is None else size)
+        self.comm = comm
+        self._rank = comm.rank
+        self._size = comm.size
+        self._completer = None
+        self._lock = threading.Lock()
+
+    # -- identity
+    def getBackendName(self):
+        return BACKEND
+
+    def getRank(self):
+        return self._rank
+
+    def getSize(self):
+        return self._size
+
+    def __repr__(self):
+        return f"<ProcessGroupHbmcoll rank {self._rank} of {self._size}>"
+
+    # -- plumbing
+    def _start(self, req, finish, result):
+        w = Work(req, finish, result)
+        c = self._completer
+        if c is None:
+            with self._lock:
+                if self._completer is None:
+                    self._completer = _Completer(f"hbmcoll-torch-{self._rank}")
+                c = self._completer
+        c.put(w)
+        return w
+
+    def _go(self, opts, name, args, finish, result):
+        """Run comm.<name>(*args) now (asyncOp false) or start comm.i<name>(*args)."""
+        c = self.comm
+        if opts is not None and not opts.asyncOp:
+            getattr(c, name)(*args)
+            if finish is not None:
+                finish()
+            return Work(None, None, result)
+        return self._start(getattr(c, "i" + name)(*args), finish, result)
+
+    def _one(self, tensors, what):
+        if len(tensors) != 1:
+            raise ValueError(f"hbmcoll: {what} takes one tensor per process, got {len(tensors)}")
+        t = tensors[0]
+        if t.device.type != "cpu":
+            raise ValueError(f"hbmcoll: {what} needs CPU tensors, got one on {t.device}")
+        return t
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        t = tensors[0] if len(tensors) == 1 else self._one(tensors, "allreduce")
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = _OPS.get(redop.op)
+        if op is not None and t.dtype in _NATIVE and t.is_contiguous() and not t.requires_grad \
+                and t.device.type == "cpu":
+            # the common case: in place on the caller's tensor, nothing to copy
+            if opts is not None and not opts.asyncOp:
+                self.comm.allreduce(t, op)
+                return Work(None, None, tensors)
+            return self._start(self.comm.iallreduce(t, op), None, tensors)
+        self._one(tensors, "allreduce")
+        return self._reduce_general(opts, t, tensors, redop)
+
+    def _reduce_general(self, opts, t, tensors, redop, root=None):
+        plan = _RedPlan(t.dtype, redop)
+        buf = plan.to_work(t)
+        if plan.fold is None:
+            if root is None:
+                args, name = (buf, plan.op), "allreduce"
+            else:
+                args, name = (buf, plan.op, root), "reduce"
+            same = buf.data_ptr() == _plain(t).data_ptr() and plan.mode != "cast" \
+                and _plain(t).is_contiguous()
+            if same or (root is not None and self._rank != root):
+                finish = None
+            else:
+                def finish():
+                    plan.store(t, buf)
+            return self._go(opts, name, args, finish, tensors)
+        if root is None:
+            out = torch.empty((self._size,) + tuple(buf.shape), dtype=buf.dtype)
+
+            def finish():
+                plan.store(t, plan.fold_rows(out))
+            return self._go(opts, "allgather", (buf, out), finish, tensors)
+        if self._rank == root:
+            out = torch.empty((self._size,) + tuple(buf.shape), dtype=buf.dtype)
+
+            def finish():
+                plan.store(t, plan.fold_rows(out))
+            return self._go(opts, "gather", (buf, root, out), finish, tensors)
+        return self._go(opts, "gather", (buf, root), None, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        if not tensors:
+            return Work(None, None, tensors)
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise ValueError("hbmcoll: allreduce_coalesced needs tensors of one dtype")
+        plan = _RedPlan(tensors[0].dtype, opts.reduceOp if opts is not None else _R.SUM)
+        flat = torch.cat([plan.to_work(t).reshape(-1) for t in tensors])
+
+        def finish():
+            off = 0
+            for t in tensors:
+                n = t.numel() * (2 if plan.mode == "complex" else 1)
+                plan.store(t, flat[off:off + n])
+                off += n
+        if plan.fold is not None:
+            out = torch.empty((self._size, flat.numel()), dtype=flat.dtype)
+
+            def fold_finish():
+                flat.copy_(plan.fold_rows(out))
+                finish()
+            return self._go(opts, "allgather", (flat, out), fold_finish, tensors)
+        return self._go(opts, "allreduce", (flat, plan.op), finish, tensors)
+
+    def reduce(self, tensors, opts=None):
+        t = self._one(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_general(opts, t, tensors, redop, root=root)
+
+    def broadcast(self, tensors, opts=None):
+        t = self._one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        buf, finish = _inout(t)
+        return self._go(opts, "bcast", (buf, root), finish if self._rank != root else None,
+                        tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = self._one(input_tensors, "allgather")
+        if len(output_tensors) != 1:
+            raise ValueError("hbmcoll: allgather takes one output list per process")
+        outs = output_tensors[0]
+        self._check_list(outs, t, "allgather output")
+        src = _flat_mv(t)
+        n = src.numel()
+        tmp = torch.empty(self._size * n, dtype=src.dtype)
+
+        def finish():
+            for i, o in enumerate(outs):
+                _copy_into(o, tmp[i * n:(i + 1) * n])
+        return self._go(opts, "allgather", (src, tmp), finish, output_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
+            raise ValueError(f"hbmcoll: all_gather_into_tensor: output must be {self._size} x "
+                             f"input of the same dtype")
+        src = _flat_mv(input)
+        out, finish = _out_buf(output)
+        return self._go(opts, "allgather", (src, out), finish, [output])
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
+        return works[-1] if works else Work(None, None, output_lists)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        t = self._one(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        src = _flat_mv(t)
+        if self._rank != root:
+            return self._go(opts, "gather", (src, root), None, output_tensors)
+        if len(output_tensors) != 1:
+            raise ValueError("hbmcoll: gather takes one output list on the root")
+        outs = output_tensors[0]
+        self._check_list(outs, t, "gather output")
+        n = src.numel()
+        tmp = torch.empty(self._size * n, dtype=src.dtype)
+
+        def finish():
+            for i, o in enumerate(outs):
+                _copy_into(o, tmp[i * n:(i + 1) * n])
+        return self._go(opts, "gather", (src, root, tmp), finish, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        t = self._one(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        out, finish = _out_buf(t)
+        if self._rank == root:
+            if len(input_tensors) != 1:
+                raise ValueError("hbmcoll: scatter takes one input list on the root")
+            ins = input_tensors[0]
+            self._check_list(ins, t, "scatter input")
+            src = _flat_cat(ins)
+        else:
+            src = None
+        return self._go(opts, "scatter", (src, root, out), finish, output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        t = self._one(output_tensors, "reduce_scatter")
+        if len(input_tensors) != 1:
+            raise ValueError("hbmcoll: reduce_scatter takes one input list per process")
+        ins = input_tensors[0]
+        self._check_list(ins, t, "reduce_scatter input")
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        plan = _RedPlan(t.dtype, redop)
+        src = torch.cat([plan.to_work(x).reshape(-1) for x in ins])
+        return self._reduce_scatter(opts, plan, src, t, output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
+            raise ValueError(f"hbmcoll: reduce_scatter_tensor: input must be {self._size} x "
+                             f"output of the same dtype")
+        redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        plan = _RedPlan(output.dtype, redop)
+        src = plan.to_work(input).reshape(-1)
+        return self._reduce_scatter(opts, plan, src, output, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter(self, opts, plan, src, t, result):
+        n = src.numel() // self._size
+        if plan.fold is not None:
+            got = torch.empty_like(src)
+
+            def finish():
+                plan.store(t, plan.fold_rows(got.view(self._size, n)))
+            return self._go(opts, "alltoall", (src, got), finish, result)
+        p = _plain(t)
+        if plan.mode is None and p.is_contiguous():
+            return self._go(opts, "reduce_scatter", (src, plan.op, p.view(-1)), None, result)
+        out = torch.empty(n, dtype=src.dtype)
+        return self._go(opts, "reduce_scatter", (src, plan.op, out),
+                        lambda: plan.store(t, out), result)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        P = self._size
+        if len(output_tensors) != P or len(input_tensors) != P:
+            raise ValueError(f"hbmcoll: all_to_all needs {P} input and {P} output tensors")
+        dt = input_tensors[0].dtype
+        if any(x.dtype != dt for x in list(input_tensors) + list(output_tensors)):
+            raise ValueError("hbmcoll: all_to_all needs tensors of one dtype")
+        send = [_flat_mv(x).reshape(-1) for x in input_tensors]
+        recv_counts = [_unit_count(o) for o in output_tensors]
+
+        def store(j, chunk):
+            _copy_into(output_tensors[j], chunk)
+        return self._alltoallv(opts, send, recv_counts, store, output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        P = self._size
+        if output.dtype != input.dtype:
+            raise ValueError("hbmcoll: all_to_all_single needs input and output of one dtype")
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % P or output.numel() != input.numel():
+                raise ValueError(f"hbmcoll: all_to_all_single without split sizes needs equal "
+                                 f"input and output sizes divisible by {P}")
+            src = _flat_mv(input)
+            out, finish = _out_buf(output)
+            return self._go(opts, "alltoall", (src, out), finish, [output])
+        src = _flat_mv(input).reshape(-1)
+        in_row = src.numel() // input.shape[0] if input.dim() and input.shape[0] else 0
+        out_row = _unit_count(output) // output.shape[0] if output.dim() and output.shape[0] else 0
+        ins = list(input_split_sizes) or [input.shape[0] // P] * P
+        outs = list(output_split_sizes) or [output.shape[0] // P] * P
+        if len(ins) != P or len(outs) != P or sum(ins) != (input.shape[0] if input.dim() else 0) \
+                or sum(outs) != (output.shape[0] if output.dim() else 0):
+            raise ValueError("hbmcoll: all_to_all_single split sizes do not match the tensors")
+        send, off = [], 0
+        for s in ins:
+            send.append(src[off:off + s * in_row])
+            off += s * in_row
+        counts = [s * out_row for s in outs]
+        starts = [sum(counts[:j]) for j in range(P)]
+        dst, finish0 = _out_buf(output)
+        dst = dst.reshape(-1)
+
+        def store(j, chunk):
+            dst[starts[j]:starts[j] + counts[j]].copy_(chunk)
+        return self._alltoallv(opts, send, counts, store, [output], finish0)
+
+    alltoall_base = all_to_all_single
+
+    def _alltoallv(self, opts, send, recv_counts, store, result, then=None):
+        """All-to-all of blocks of different sizes: pad every block to the largest of the job."""
+        P = self._size
+        dtype = send[0].dtype
+        local = max([s.numel() for s in send] + recv_counts + [0])
+        m = torch.tensor([local], dtype=torch.int64)
+        self.comm.allreduce(m, "max")
+        B = int(m.item())
+        sbuf = torch.zeros(P * B, dtype=dtype)
+        for j, s in enumerate(send):
+            sbuf[j * B:j * B + s.numel()].copy_(s)
+        rbuf = torch.empty(P * B, dtype=dtype)
+
+        def finish():
+            for j in range(P):
+                store(j, rbuf[j * B:j * B + recv_counts[j]])
+            if then is not None:
+                then()
+        return self._go(opts, "alltoall", (sbuf, rbuf), finish, result)
+
+    def barrier(self, opts=None):
+        if opts is not None and not opts.asyncOp:
+            self.comm.barrier()
+            return Work(None, None, [])
+        return self._start(self.comm.ibarrier(), None, [])
+
+    def send(self, tensors, dst, tag=0):
+        raise NotImplementedError("hbmcoll has collectives only: no send/recv "
+                                  "(use a gloo group for point-to-point)")
+
+    def recv(self, tensors, src, tag=0):
+        raise NotImplementedError("hbmcoll has collectives only: no send/recv "
+                                  "(use a gloo group for point-to-point)")
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("hbmcoll has collectives only: no send/recv")
+
+    def _check_list(self, lst, like, what):
+        if len(lst) != self._size:
+            raise ValueError(f"hbmcoll: {what} must hold {self._size} tensors, got {len(lst)}")
+        for x in lst:
+            if x.numel() != like.numel() or x.dtype != like.dtype:
+                raise ValueError(f"hbmcoll: every tensor of {what} must have the input's "
+                                 f"size and dtype ({like.numel()} x {like.dtype})")
+
+    # -- lifetime
+    def shutdown(self):
+        c, self._completer = self._completer, None
+        if c is not None:
+            c.stop()
+        if not self.comm.closed:
+            self.comm.close()
+
+    def abort(self):
+        try:
+            self.comm.abort()
+        finally:
+            c, self._completer = self._completer, None
+            if c is not None:
+                c.put(None)
+
+
+# ---- creating groups -----------------------------------------------------------------------------
+
+def _timeout_s(timeout):
+    env = os.environ.get("HBMCOLL_TIMEOUT")
+    if env:
+        return float(env)
+    if timeout is None:
+        return 0.0
+    s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return s if s > 0 else 0.0
+
+
+def _store_key(store, rank):
+    """A job key the group's members agree on: rank 0 draws it, the others read it."""
+    name = "hbmcoll/key"
+    if rank == 0:
+        store.set(name, f"u{os.getuid()}.torch.{secrets.token_hex(8)}")
+    return store.get(name).decode()
+
+
+_world_placement = None
+
+
+def _env_matches(rank, size):
+    try:
+        info = launch_env.detect()
+    except ValueError:
+        return None
+    if info.launcher == "single" or info.rank != rank or info.size != size:
+        return None
+    return info
+
+
+def create(store, rank, size, timeout):
+    """The creator torch calls for init_process_group/new_group(backend="hbmcoll")."""
+    global _world_placement
+    t = _timeout_s(timeout)
+    default_group = not dist.is_initialized()
+    info = _env_matches(rank, size) if default_group else None
+    if info is not None:
+        comm = _comm.init(timeout=t)
+        _world_placement = comm._placement
+    else:
+        key = _store_key(store, rank)
+        if default_group or _world_placement is None:
+            info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
+                                         job_key=key, launcher="torch.distributed")
+            placement = _comm._place(info)
+            if default_group:
+                _world_placement = placement
+        else:
+            placement = _world_placement
+        core = _core.Comm(rank, size, key, t, placement)
+        comm = _comm.Communicator(core, rank, size, "torch.distributed", placement)
+    return ProcessGroupHbmcoll(comm, rank, size)
+
+
+def register():
+    """Register the "hbmcoll" backend with torch.distributed (idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, create, devices=["cpu"])
+
+
+def communicator(group=None):
+    """The hbmcoll Communicator behind a process group of this backend (default: WORLD)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupHbmcoll):
+        raise ValueError(f"{pg!r} is not an hbmcoll process group")
+    return pg.comm
+
+
+register()
