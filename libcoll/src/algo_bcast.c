@@ -1,7 +1,8 @@
 /*
  * algo_bcast.c - broadcast from the root.
  *
- * Round t0: every rank publishes its descriptor; the root compares them all
+ * Small messages take the eager path below. Otherwise, round t0: every rank
+ * publishes its descriptor; the root compares them all
  * before any data moves (so every rank gets the same verdict), the others
  * compare the root's. Then:
  *  - "flat": the root copies the message through its two staging slots, one
@@ -19,8 +20,35 @@
 
 #include "internal.h"
 
+enum { BC_EAGER = 1, BC_PIPELINED = 2 };
+
+/* Small messages ("eager", up to HBMCOLL_SMALL_MAX): the root stages the data
+ * and publishes it with its descriptor at t0; every rank compares every
+ * descriptor at t0 and receivers copy at once. One synchronisation instead of
+ * the pipelined path's handshake, and every rank still sees any disagreement
+ * in the same call. */
+static int bcast_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
+  int root = a->root, rc, p = (int)((c->round + 1) & 1);
+  uint8_t *buf = a->recv;
+  if (c->rank == root) {
+    if ((rc = coll__slot_acquire(c, c->round + 1, &p)) != 0) return rc;
+    if (nbytes) memcpy(coll__slot(c, root, p), buf, nbytes);
+  }
+  uint64_t t0 = coll__begin_algo(c, a, BC_EAGER, 0, 0);
+  coll__publish_arrive(c, t0);
+  if (c->rank == root) coll__slot_release(c, p, t0, -1);
+  c->round = t0;
+  if ((rc = coll__meet_all(c, t0)) != 0) return rc;
+  if (c->rank != root) {
+    if (nbytes) memcpy(buf, coll__slot(c, root, p), nbytes);
+    coll__publish_done(c, t0);
+  }
+  return 0;
+}
+
 int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  if (nbytes <= c->params.small_max && nbytes <= c->hdr->slot_bytes) return bcast_eager(c, a, nbytes);
   size_t chunk = c->hdr->slot_bytes;
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, rc;
@@ -28,7 +56,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   uint64_t zoff = 0;
   if (c->rank == root && c->params.algo[COLL_BCAST] != 1)
     zoff = coll__arena_offset(c, buf, nbytes);
-  uint64_t t0 = coll__begin(c, a, zoff, 0);
+  uint64_t t0 = coll__begin_algo(c, a, BC_PIPELINED, zoff, 0);
   coll__publish_arrive(c, t0);
 
   if (c->rank == root) {

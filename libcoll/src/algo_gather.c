@@ -1,7 +1,7 @@
 /*
  * algo_gather.c - gather to the root ("flat").
  *
- * Each non-root copies its contribution through its two staging slots, one
+ * Small messages take the eager path below. Otherwise each non-root copies its contribution through its two staging slots, one
  * slot-sized chunk per round (t0 .. t0+K-1), and publishes its arrival; the
  * root compares every descriptor at t0, copies chunk k of every rank into
  * place and publishes `done`, which frees that slot for chunk k+2. Each
@@ -15,13 +15,39 @@
 
 #include "internal.h"
 
+enum { GA_EAGER = 1, GA_PIPELINED = 2 };
+
+/* Small messages (up to HBMCOLL_SMALL_MAX): everyone stages and publishes at
+ * t0 and compares every descriptor; the root copies and publishes `done`
+ * (which frees the slots), the others return at once. */
+static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
+  int root = a->root, me = c->rank, rc, p = (int)((c->round + 1) & 1);
+  if (me != root) {
+    if ((rc = coll__slot_acquire(c, c->round + 1, &p)) != 0) return rc;
+    if (nbytes) memcpy(coll__slot(c, me, p), a->send, nbytes);
+  }
+  uint64_t t0 = coll__begin_algo(c, a, GA_EAGER, 0, 0);
+  coll__publish_arrive(c, t0);
+  if (me != root) coll__slot_release(c, p, t0, root);
+  c->round = t0;
+  if ((rc = coll__meet_all(c, t0)) != 0 || me != root) return rc;
+  uint8_t *recv = a->recv;
+  if (nbytes && recv + (size_t)me * nbytes != (const uint8_t *)a->send)
+    memmove(recv + (size_t)me * nbytes, a->send, nbytes);
+  for (int q = 0; q < c->size && nbytes; q++)
+    if (q != me) memcpy(recv + (size_t)q * nbytes, coll__slot(c, q, p), nbytes);
+  coll__publish_done(c, t0);
+  return 0;
+}
+
 int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  if (nbytes <= c->params.small_max && nbytes <= c->hdr->slot_bytes) return gather_eager(c, a, nbytes);
   size_t chunk = c->hdr->slot_bytes;
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc;
   const uint8_t *send = a->send;
-  uint64_t t0 = coll__begin(c, a, 0, 0);
+  uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, 0);
 
   if (me != root) {
     for (uint64_t k = 0; k < K; k++) {

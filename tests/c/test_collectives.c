@@ -38,67 +38,19 @@
 
 /* ---- harness: fork P ranks, wait with a timeout, kill stragglers ------------ */
 
+#define HARNESS_KEY_PREFIX "hbct"
 #define MAX_RANKS 128
+#include "harness.h"
 
-typedef int (*rank_fn)(int rank, int size, const char *key, void *arg);
-
-static unsigned long test_passed, test_failed;
-static unsigned test_job;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Runs fn in `size` forked ranks with the "NAME=VALUE" strings of env set.
- * Returns 0 if every rank exited with status 0 before timeout_s. */
+/* Runs fn in `size` forked ranks with the "NAME=VALUE" strings of env set
+ * (spawn_raw) and records a pass if every rank exited with status 0 before
+ * timeout_s. Returns 0 if it passed. Its FAIL line lists every rank (up to
+ * MAX_RANKS of them) rather than record()'s bounded reason. */
 static int spawn(const char *name, int size, double timeout_s, const char *const *env, rank_fn fn,
                  void *arg) {
-  pid_t pids[MAX_RANKS];
-  int alive[MAX_RANKS], status[MAX_RANKS];
-  char key[96];
-  snprintf(key, sizeof key, "hbct.%d.%u", (int)getpid(), ++test_job);
+  int status[MAX_RANKS];
   double t0 = now_s();
-  fflush(NULL);
-  for (int r = 0; r < size; r++) {
-    pids[r] = fork();
-    if (pids[r] < 0) {
-      perror("fork");
-      exit(2);
-    }
-    if (pids[r] == 0) {
-      for (const char *const *e = env; e && *e; e++) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", *e);
-        char *eq = strchr(buf, '=');
-        if (eq) *eq = '\0', setenv(buf, eq + 1, 1);
-      }
-      int rc = fn(r, size, key, arg);
-      fflush(NULL);
-      exit(rc ? 1 : 0); /* exit, not _exit: LeakSanitizer runs at exit */
-    }
-    alive[r] = 1;
-    status[r] = 0;
-  }
-  int left = size, timed_out = 0;
-  while (left > 0) {
-    for (int r = 0; r < size; r++) {
-      if (!alive[r]) continue;
-      int st;
-      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) alive[r] = 0, status[r] = st, left--;
-    }
-    if (left == 0) break;
-    if (now_s() - t0 > timeout_s) {
-      timed_out = 1;
-      for (int r = 0; r < size; r++)
-        if (alive[r]) kill(pids[r], SIGKILL);
-      for (int r = 0; r < size; r++)
-        if (alive[r]) waitpid(pids[r], &status[r], 0), alive[r] = 0;
-      break;
-    }
-    usleep(2000);
-  }
+  int timed_out = spawn_raw(size, timeout_s, env, fn, arg, status);
   int ok = !timed_out;
   for (int r = 0; r < size; r++)
     if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) ok = 0;
@@ -117,21 +69,6 @@ static int spawn(const char *name, int size, double timeout_s, const char *const
   }
   fflush(stdout);
   return ok ? 0 : 1;
-}
-
-static int comm_open(int rank, int size, const char *key, double timeout_s, coll_comm_t **comm_p) {
-  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout_s};
-  coll_comm_t *c = NULL;
-  int rc = coll_comm_create(&cfg, &c);
-  if (rc) {
-    const char *text = "";
-    if (c) coll_comm_error(c, &text);
-    fprintf(stderr, "rank %d: coll_comm_create: %s: %s\n", rank, coll_err_name(rc), text);
-    coll_comm_free(c);
-    return rc;
-  }
-  *comm_p = c;
-  return 0;
 }
 
 static size_t env_slot_bytes(void) {
@@ -974,7 +911,6 @@ int main(int argc, char **argv) {
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
   char name[96];
-#define CASE(label) (only == NULL || strstr(label, only) != NULL)
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
     if (CASE("matrix")) spawn("matrix", P, 600, NULL, rank_matrix, NULL);
@@ -992,6 +928,5 @@ int main(int argc, char **argv) {
     if (CASE(name)) spawn(name, P, 300, NULL, rank_split, NULL);
   }
   if (CASE("many ranks, slot=4096")) spawn("many ranks, slot=4096", 65, 600, small_slots, rank_many, NULL);
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed ? 1 : 0;
+  return harness_finish();
 }

@@ -35,123 +35,10 @@
 
 /* ---- harness: fork P ranks, wait with a timeout, kill stragglers ------------ */
 
+#define HARNESS_KEY_PREFIX "hbet"
 #define MAX_RANKS 16
-
-typedef int (*rank_fn)(int rank, int size, const char *key, void *arg);
-
-static unsigned long test_passed, test_failed;
-static unsigned test_job;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void record(int ok, const char *name, int size, double dt, const char *why) {
-  if (ok) test_passed++;
-  else test_failed++;
-  printf("%s %-52s P=%d  %.1f s%s%s\n", ok ? "ok  " : "FAIL", name, size, dt, why ? ": " : "",
-         why ? why : "");
-  fflush(stdout);
-}
-
-/* Runs fn in `size` forked ranks with the "NAME=VALUE" strings of env set;
- * status[r] gets each wait status. Returns 1 if it had to kill stragglers. */
-static int spawn_raw(int size, double timeout_s, const char *const *env, rank_fn fn, void *arg,
-                     int *status) {
-  pid_t pids[MAX_RANKS];
-  int alive[MAX_RANKS];
-  char key[96];
-  snprintf(key, sizeof key, "hbet.%d.%u", (int)getpid(), ++test_job);
-  double t0 = now_s();
-  fflush(NULL);
-  for (int r = 0; r < size; r++) {
-    pids[r] = fork();
-    if (pids[r] < 0) {
-      perror("fork");
-      exit(2);
-    }
-    if (pids[r] == 0) {
-      for (const char *const *e = env; e && *e; e++) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", *e);
-        char *eq = strchr(buf, '=');
-        if (eq) *eq = '\0', setenv(buf, eq + 1, 1);
-      }
-      int rc = fn(r, size, key, arg);
-      fflush(NULL);
-      exit(rc ? 1 : 0);
-    }
-    alive[r] = 1;
-    status[r] = 0;
-  }
-  int left = size, timed_out = 0;
-  while (left > 0) {
-    for (int r = 0; r < size; r++) {
-      int st;
-      if (alive[r] && waitpid(pids[r], &st, WNOHANG) == pids[r]) alive[r] = 0, status[r] = st, left--;
-    }
-    if (left == 0) break;
-    if (now_s() - t0 > timeout_s) {
-      timed_out = 1;
-      for (int r = 0; r < size; r++)
-        if (alive[r]) kill(pids[r], SIGKILL);
-      for (int r = 0; r < size; r++)
-        if (alive[r]) waitpid(pids[r], &status[r], 0), alive[r] = 0;
-      break;
-    }
-    usleep(2000);
-  }
-  return timed_out;
-}
-
-/* Every rank must exit 0, except `victim` (if >= 0), which must die of SIGKILL. */
-static int spawn_expect(const char *name, int size, double timeout_s, const char *const *env, rank_fn fn,
-                        void *arg, int victim) {
-  int status[MAX_RANKS];
-  double t0 = now_s();
-  int timed_out = spawn_raw(size, timeout_s, env, fn, arg, status);
-  char why[256] = "";
-  size_t used = 0;
-  int ok = !timed_out;
-  if (timed_out) used += (size_t)snprintf(why + used, sizeof why - used, "timed out, killed;");
-  for (int r = 0; r < size && used < sizeof why - 32; r++) {
-    int st = status[r];
-    int good = r == victim ? WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL : WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (good) continue;
-    ok = 0;
-    if (WIFSIGNALED(st)) used += (size_t)snprintf(why + used, sizeof why - used, " r%d=sig%d", r, WTERMSIG(st));
-    else used += (size_t)snprintf(why + used, sizeof why - used, " r%d=exit%d", r, WEXITSTATUS(st));
-  }
-  record(ok, name, size, now_s() - t0, ok ? NULL : why);
-  return ok ? 0 : 1;
-}
-
-static int comm_open(int rank, int size, const char *key, double timeout_s, coll_comm_t **comm_p) {
-  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout_s};
-  coll_comm_t *c = NULL;
-  int rc = coll_comm_create(&cfg, &c);
-  if (rc) {
-    const char *text = "";
-    if (c) coll_comm_error(c, &text);
-    fprintf(stderr, "rank %d: coll_comm_create: %s: %s\n", rank, coll_err_name(rc), text);
-    coll_comm_free(c);
-    return rc;
-  }
-  *comm_p = c;
-  return 0;
-}
-
-#define EXPECT(cond, ...)                                                                   \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                       \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-      bad = 1;                                                                              \
-    }                                                                                       \
-  } while (0)
+#define HARNESS_NAME_WIDTH 52
+#include "harness.h"
 
 /* After a failure with `code`: every later call and coll_comm_error say the same. */
 static int expect_failed(coll_comm_t *c, int code, const char *what) {
@@ -733,7 +620,6 @@ static int rank_bootstrap(int proc, int nprocs, const char *key, void *arg) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
-#define CASE(label) (only == NULL || strstr(label, only) != NULL)
   const char *const timeout2[] = {"HBMCOLL_TIMEOUT=2", NULL};
   char name[128];
   if (CASE("codes")) test_codes();
@@ -777,6 +663,5 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof boots / sizeof boots[0]; i++)
     if (CASE(boots[i].name)) spawn_expect(boots[i].name, boots[i].bc.nprocs, 60, NULL, rank_bootstrap, (void *)&boots[i].bc, -1);
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed ? 1 : 0;
+  return harness_finish();
 }

@@ -32,110 +32,16 @@
 
 /* ---- harness: fork P ranks, wait with a timeout, kill stragglers ------------ */
 
+#define HARNESS_KEY_PREFIX "hbst"
 #define MAX_RANKS 16
-
-typedef int (*rank_fn)(int rank, int size, const char *key, void *arg);
-
-static unsigned long test_passed, test_failed;
-static unsigned test_job;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void record(int ok, const char *name, int size, double dt, const char *why) {
-  if (ok) test_passed++;
-  else test_failed++;
-  printf("%s %-48s P=%d  %.1f s%s%s\n", ok ? "ok  " : "FAIL", name, size, dt, why ? ": " : "", why ? why : "");
-  fflush(stdout);
-}
+#define HARNESS_NAME_WIDTH 48
+#include "harness.h"
 
 /* Runs fn in `size` forked ranks with the "NAME=VALUE" strings of env set and
  * records a pass if every rank exited 0 before timeout_s. */
 static int spawn(const char *name, int size, double timeout_s, const char *const *env, rank_fn fn, void *arg) {
-  pid_t pids[MAX_RANKS];
-  int alive[MAX_RANKS], status[MAX_RANKS];
-  char key[96];
-  snprintf(key, sizeof key, "hbst.%d.%u", (int)getpid(), ++test_job);
-  double t0 = now_s();
-  fflush(NULL);
-  for (int r = 0; r < size; r++) {
-    pids[r] = fork();
-    if (pids[r] < 0) {
-      perror("fork");
-      exit(2);
-    }
-    if (pids[r] == 0) {
-      for (const char *const *e = env; e && *e; e++) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", *e);
-        char *eq = strchr(buf, '=');
-        if (eq) *eq = '\0', setenv(buf, eq + 1, 1);
-      }
-      int rc = fn(r, size, key, arg);
-      fflush(NULL);
-      exit(rc ? 1 : 0);
-    }
-    alive[r] = 1;
-    status[r] = 0;
-  }
-  int left = size, timed_out = 0;
-  while (left > 0) {
-    for (int r = 0; r < size; r++) {
-      int st;
-      if (alive[r] && waitpid(pids[r], &st, WNOHANG) == pids[r]) alive[r] = 0, status[r] = st, left--;
-    }
-    if (left == 0) break;
-    if (now_s() - t0 > timeout_s) {
-      timed_out = 1;
-      for (int r = 0; r < size; r++)
-        if (alive[r]) kill(pids[r], SIGKILL);
-      for (int r = 0; r < size; r++)
-        if (alive[r]) waitpid(pids[r], &status[r], 0), alive[r] = 0;
-      break;
-    }
-    usleep(2000);
-  }
-  char why[256] = "";
-  size_t used = 0;
-  int ok = !timed_out;
-  if (timed_out) used += (size_t)snprintf(why, sizeof why, "timed out, killed;");
-  for (int r = 0; r < size && used < sizeof why - 32; r++) {
-    if (WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) continue;
-    ok = 0;
-    if (WIFSIGNALED(status[r])) used += (size_t)snprintf(why + used, sizeof why - used, " r%d=sig%d", r, WTERMSIG(status[r]));
-    else used += (size_t)snprintf(why + used, sizeof why - used, " r%d=exit%d", r, WEXITSTATUS(status[r]));
-  }
-  record(ok, name, size, now_s() - t0, ok ? NULL : why);
-  return ok ? 0 : 1;
+  return spawn_expect(name, size, timeout_s, env, fn, arg, -1);
 }
-
-static int comm_open(int rank, int size, const char *key, double timeout_s, coll_comm_t **comm_p) {
-  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout_s};
-  coll_comm_t *c = NULL;
-  int rc = coll_comm_create(&cfg, &c);
-  if (rc) {
-    const char *text = "";
-    if (c) coll_comm_error(c, &text);
-    fprintf(stderr, "rank %d: coll_comm_create: %s: %s\n", rank, coll_err_name(rc), text);
-    coll_comm_free(c);
-    return rc;
-  }
-  *comm_p = c;
-  return 0;
-}
-
-#define EXPECT(cond, ...)                                                                   \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                       \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-      bad = 1;                                                                              \
-    }                                                                                       \
-  } while (0)
 
 /* ---- what the process holds -------------------------------------------------- */
 
@@ -548,7 +454,6 @@ static int rank_arena_empty(int rank, int size, const char *key, void *arg) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
-#define CASE(label) (only == NULL || strstr(label, only) != NULL)
   const char *const small_arena[] = {"HBMCOLL_ARENA_BYTES=65536", NULL};
   const char *const no_arena[] = {"HBMCOLL_ARENA_BYTES=0", NULL};
   static const int sizes[] = {1, 2, 3, 5};
@@ -568,6 +473,5 @@ int main(int argc, char **argv) {
     if (CASE("arena: HBMCOLL_ARENA_BYTES=65536")) spawn("arena: HBMCOLL_ARENA_BYTES=65536", P, 120, small_arena, rank_arena, NULL);
     if (CASE("arena: HBMCOLL_ARENA_BYTES=0")) spawn("arena: HBMCOLL_ARENA_BYTES=0", P, 60, no_arena, rank_arena_empty, NULL);
   }
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed ? 1 : 0;
+  return harness_finish();
 }
