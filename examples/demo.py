@@ -61,7 +61,8 @@ def main():
     losses = comm.gather(np.array([loss], np.float64), root=0)
     timings["gather"].append(time.perf_counter() - t)
     all_w = comm.gather(w, root=0)
-    where = comm.gather(np.array([os.getpid(), -1 if comm.pu is None else comm.pu], np.int64), root=0)
+    cpus = sorted(os.sched_getaffinity(0))
+    where = comm.gather(np.array([os.getpid(), cpus[0], cpus[-1], len(cpus)], np.int64), root=0)
     worst = {k: np.array([max(v)], np.float64) for k, v in timings.items()}
     mean = {k: np.array([np.mean(v)], np.float64) for k, v in timings.items()}
     for k in timings:  # slowest rank decides
@@ -79,9 +80,12 @@ def report(comm, losses, all_w, where, mean, worst):
           f"{STEPS} steps; memory mode {topo['memory_mode']}, HBM nodes {topo['hbm_nodes'] or 'none'}")
     print("placement:")
     for r in range(size):
-        pu = where[r][1]
+        pid, lo, hi, n = where[r]
+        cpus = f"CPU {lo}" if n == 1 else f"CPUs {lo}-{hi}" if hi - lo + 1 == n else f"{n} CPUs"
         nodes = topo["ranks"][r]["buffer_nodes"] if r < len(topo["ranks"]) else []
-        print(f"  rank {r}: pid {where[r][0]}, PU {pu if pu >= 0 else 'unbound'}, buffers on NUMA node(s) {nodes}")
+        print(f"  rank {r}: pid {pid}, runs on {cpus}, buffers on NUMA node(s) {nodes}")
+    for note in topo.get("notices", []):
+        print(f"  note: {note}")
     print("collective timings (mean / slowest rank):")
     for k in ("bcast", "allreduce", "gather"):
         print(f"  {k:9s} {mean[k][0] * 1e6:8.1f} us / {worst[k][0] * 1e6:8.1f} us")

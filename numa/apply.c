@@ -241,6 +241,8 @@ int coll_numa_rank_pu(const coll_numa_ctx_t *ctx, int rank) {
   if (!apply_check_rank(ctx, rank))
     return -EINVAL;
   int pu = ctx->plan->ranks[rank].pu;
+  if (ctx->cluster_bound && rank == ctx->local_rank)
+    return -ENOENT; /* bound to its cluster, not to one PU */
   return pu < 0 ? -ENOENT : pu;
 }
 
@@ -264,8 +266,22 @@ static int apply_cpubind(coll_numa_ctx_t *ctx) {
   if (set == NULL)
     return -ENOMEM;
   const coll_numa_cluster_t *k = &ctx->topo->clusters[rk->cluster];
+  /* More ranks than PUs in the cluster: pinning several ranks to one PU keeps
+   * the scheduler from running a woken rank on an idle PU of the cluster, and
+   * every wait then costs a time slice. Bind such ranks to the cluster. */
+  int pus = 0, ranks = 0;
+  for (int c = 0; c < k->ncores; c++)
+    pus += k->cores[c].npus;
+  for (int r = 0; r < plan->nranks; r++)
+    ranks += plan->ranks[r].cluster == rk->cluster;
+  if (plan->policy.bind == COLL_NUMA_BIND_CORE && ranks > pus) {
+    ctx->cluster_bound = 1;
+    coll__numa_addnote(ctx->notes, sizeof(ctx->notes),
+                       "%d ranks on the %d PUs of cluster %d: bound to the cluster, not one core "
+                       "each, so a woken rank can run on any idle PU", ranks, pus, rk->cluster);
+  }
   for (int c = 0; c < k->ncores; c++) {
-    if (plan->policy.bind == COLL_NUMA_BIND_CORE && c != rk->core)
+    if (plan->policy.bind == COLL_NUMA_BIND_CORE && !ctx->cluster_bound && c != rk->core)
       continue;
     for (int i = 0; i < k->cores[c].npus; i++)
       hwloc_bitmap_set(set, k->cores[c].pus[i]);

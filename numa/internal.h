@@ -101,6 +101,7 @@ struct coll_numa_ctx {
   coll_numa_plan_t *plan;
   int local_rank;
   int mbind_ok;          /* 0 once mbind was refused */
+  int cluster_bound;     /* bind core, but more ranks than PUs: bound to the cluster */
   int mbind_refusal_told;
   /* hbm_bind capacity, per node (index as topo->nodes; the budget is the
    * node's free memory seen at setup, topo->nodes[i].free): bytes this
