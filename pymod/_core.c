@@ -246,10 +246,31 @@ fail:
   return -1;
 }
 
-static PyObject *comm_run(hb_comm_t *self, PyObject *args) {
-  int kind, op = 0, root = 0;
-  PyObject *send = Py_None, *recv = Py_None;
-  if (!PyArg_ParseTuple(args, "i|OOii", &kind, &send, &recv, &op, &root)) return NULL;
+/* run(kind, send=None, recv=None, op=0, root=0): the hot path, so FASTCALL
+ * without building an argument tuple. */
+static int hb_parse_run(PyObject *const *args, Py_ssize_t n, int *kind, PyObject **send,
+                        PyObject **recv, int *op, int *root) {
+  if (n < 1 || n > 5) {
+    PyErr_SetString(PyExc_TypeError, "run/start take 1 to 5 arguments");
+    return -1;
+  }
+  long v[3] = {0, 0, 0};
+  const int at[3] = {0, 3, 4};
+  for (int i = 0; i < 3; i++) {
+    if (at[i] >= n) continue;
+    v[i] = PyLong_AsLong(args[at[i]]);
+    if (v[i] == -1 && PyErr_Occurred()) return -1;
+  }
+  *kind = (int)v[0], *op = (int)v[1], *root = (int)v[2];
+  *send = n > 1 ? args[1] : Py_None;
+  *recv = n > 2 ? args[2] : Py_None;
+  return 0;
+}
+
+static PyObject *comm_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs) {
+  int kind, op, root;
+  PyObject *send, *recv;
+  if (hb_parse_run(args, nargs, &kind, &send, &recv, &op, &root) != 0) return NULL;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_args_t a;
   hb_buf_t sb, rb;
@@ -268,10 +289,10 @@ static PyObject *comm_run(hb_comm_t *self, PyObject *args) {
   return result;
 }
 
-static PyObject *comm_start(hb_comm_t *self, PyObject *args) {
-  int kind, op = 0, root = 0;
-  PyObject *send = Py_None, *recv = Py_None;
-  if (!PyArg_ParseTuple(args, "i|OOii", &kind, &send, &recv, &op, &root)) return NULL;
+static PyObject *comm_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs) {
+  int kind, op, root;
+  PyObject *send, *recv;
+  if (hb_parse_run(args, nargs, &kind, &send, &recv, &op, &root) != 0) return NULL;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_args_t a;
   hb_buf_t sb, rb;
@@ -390,8 +411,10 @@ static PyObject *comm_get_error(hb_comm_t *self, void *c) {
 }
 
 static PyMethodDef comm_methods[] = {
-    {"run", (PyCFunction)comm_run, METH_VARARGS, "run(kind, send, recv, op, root): blocking collective"},
-    {"start", (PyCFunction)comm_start, METH_VARARGS, "start(kind, send, recv, op, root) -> Request"},
+    {"run", (PyCFunction)(void (*)(void))comm_run, METH_FASTCALL,
+     "run(kind, send, recv, op, root): blocking collective"},
+    {"start", (PyCFunction)(void (*)(void))comm_start, METH_FASTCALL,
+     "start(kind, send, recv, op, root) -> Request"},
     {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
     {"set_algorithm", (PyCFunction)comm_set_algorithm, METH_VARARGS, "force an algorithm"},
     {"arena_alloc", (PyCFunction)comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},

@@ -74,12 +74,18 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a) {
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
     if (rc) return rc;
+    int any_zc = 0;
     for (int q = 0; q < P; q++) {
       uint64_t qoff = coll__desc(c, q)->send_off;
       in[q] = qoff ? c->base + qoff + off * es : coll__slot(c, q, p);
+      any_zc |= qoff != 0;
     }
     if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
-    coll__publish_done(c, t);
+    /* In allreduce my next arrival says "done" for me (every rank waits for
+     * every arrival); an explicit `done` is for the root's readers in reduce
+     * and for ranks whose arena input I read (they wait for it). Skipping it
+     * spares the peers one more transfer of the line they poll. */
+    if (!all || any_zc) coll__publish_done(c, t);
   }
   uint64_t last = t0 + K - 1;
   c->round = last;
