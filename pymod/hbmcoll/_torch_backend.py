@@ -18,10 +18,13 @@ CPU tensors, via ``__dlpack__``), runs the collective, and returns a ``Work``:
 - ``async_op=False`` (``opts.asyncOp`` false): the collective runs right here (the GIL is released
   while it runs); the returned Work is already complete.
 - ``async_op=True`` and every call from C++ (DDP): the i-variant starts it on hbmcoll's progress
-  thread; a per-group completer thread waits for the requests in order, copies results back where
-  a temporary was needed, and completes the Work's ``torch.futures.Future`` (DDP's reducer and comm
-  hooks chain on that future). ``work.wait()`` completes it in the caller's thread if the completer
-  has not yet.
+  thread. ``work.wait()`` finishes it in the caller's thread (copying results back where a
+  temporary was needed); once someone asks for ``work.get_future()`` (DDP's reducer and comm
+  hooks chain on it), the group's completer threads complete that future without anyone calling
+  wait().
+- Except when the process may run on one CPU only (hbmcoll-run's default ``--bind core``):
+  nothing can overlap with the collective there, so async collectives run in the caller's
+  thread too and return a completed Work (``HBMCOLL_TORCH_INLINE=0/1`` overrides the choice).
 
 Anything hbmcoll does not do natively is adapted here: non-contiguous tensors (copy to a
 contiguous temporary, copy back), dtypes outside its set (bool, int16, uint16/32/64, complex,
@@ -62,22 +65,26 @@ _WIDEN = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: tor
 # ---- Work ----------------------------------------------------------------------------------------
 
 class Work(dist._Work):
-    """A collective of this backend. wait() blocks until it is done (raising its error);
-    get_future() gives a torch Future whose value is the list of output tensors."""
+    """A collective of this backend. wait() blocks until it is done (raising its error; the
+    timeout argument is not used: HBMCOLL_TIMEOUT bounds every wait); get_future() gives a
+    torch Future whose value is the list of output tensors."""
 
-    def __init__(self, req, finish, result):
+    def __init__(self, req, finish, result, pg=None):
         super().__init__()
         self._req = req           # hbmcoll Request, or None when already complete
         self._finish = finish     # copies back/unpacks after the collective, or None
         self._result = result     # the future's value
         self._fut = torch.futures.Future()
+        self._user_fut = None
         self._exc = None
         if req is None:
             self._done = True
+            self._pg = None
             self._fut.set_result(result)
         else:
             self._done = False
             self._lock = threading.Lock()
+            self._pg = pg         # its completer threads complete the future, once asked for
 
     def _complete(self):
         """Finish the collective (once, whichever thread comes first)."""
@@ -93,7 +100,7 @@ class Work(dist._Work):
                 exc = None
             except BaseException as e:  # noqa: BLE001 - handed to every waiter
                 exc = e
-            self._req = self._finish = None
+            self._req = self._finish = self._pg = None
             self._exc = exc
             self._done = True
         if exc is None:
@@ -108,13 +115,39 @@ class Work(dist._Work):
         return True
 
     def get_future(self):
-        return self._fut
+        # A future completed from Python with set_exception() holds the exception as its value:
+        # C++ consumers (DDP's reducer) would take it for a result. A then() child of it is
+        # marked failed in C++ when the callback raises, so that is what we hand out.
+        f = self._user_fut
+        if f is None:
+            f = self._user_fut = self._fut.then(_unwrap)
+            pg = self._pg
+            if pg is not None and not self._done:
+                # someone will wait on the future, maybe without calling wait(): from now on a
+                # completer thread completes it (works never asked for are completed by wait())
+                pg._enqueue(self)
+        return f
 
     def is_completed(self):
-        return self._done
+        if self._done:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False              # another thread is completing it right now
+        try:
+            if self._done:
+                return True
+            try:
+                if not self._req.test():
+                    return False
+            except BaseException:  # noqa: BLE001 - it failed: _complete() records that
+                pass
+        finally:
+            self._lock.release()
+        self._complete()
+        return True
 
     def is_success(self):
-        return self._done and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self):
         return self._exc
@@ -129,30 +162,71 @@ class Work(dist._Work):
         return f"<hbmcoll.torch Work {'done' if self._done else 'running'}>"
 
 
+def _unwrap(fut):
+    return fut.value()
+
+
 class _Completer:
-    """One thread per process group: completes started Works in the order they were started
-    (hbmcoll runs them in that order), so futures complete without anyone calling wait()."""
+    """Threads of a process group that complete started Works, so that their futures complete
+    without anyone calling wait() (DDP waits on the futures).
+
+    Completing a future runs its callbacks in the completing thread, and callbacks may start
+    collectives and wait for them (PowerSGD's hook does): so whenever a thread takes a Work, it
+    makes sure another one is free to take the next, and idle threads beyond two exit. Works are
+    taken in the order they were started (hbmcoll runs them in that order); with two free
+    threads two futures may complete in either order, which nothing depends on."""
+
+    _MAX_IDLE = 2
 
     def __init__(self, name):
         self._q = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._name = name
+        self._lock = threading.Lock()
+        self._free = 0
+        self._threads = []
+        self._stopping = False
+        with self._lock:
+            self._spawn()
+
+    def _spawn(self):  # self._lock held
+        self._free += 1
+        t = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}",
+                             daemon=True)
+        self._threads.append(t)
+        t.start()
 
     def _run(self):
         q = self._q
         while True:
             w = q.get()
-            if w is None:
-                return
+            with self._lock:
+                self._free -= 1
+                if w is None:
+                    return
+                if self._free == 0 and not self._stopping:
+                    self._spawn()
             w._complete()
             del w
+            with self._lock:
+                if self._free >= self._MAX_IDLE:
+                    self._threads.remove(threading.current_thread())
+                    return
+                self._free += 1
 
     def put(self, w):
         self._q.put(w)
 
     def stop(self):
-        self._q.put(None)
-        self._thread.join()
+        """Complete what was started, then end the threads."""
+        with self._lock:
+            self._stopping = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._q.put(None)
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join()
 
 
 # ---- tensor adapters -----------------------------------------------------------------------------
@@ -219,7 +293,7 @@ class _RedPlan:
     __slots__ = ("op", "fold", "work_dtype", "mode", "factor")
 
     def __init__(self, dtype, redop):
-        kind = redop.op if isinstance(redop, dist.ReduceOp) else redop
+        kind = getattr(redop, "op", redop)
         self.factor = None
         self.mode = None          # None: as is; "cast": to work_dtype; "view": reinterpret
         self.work_dtype = dtype
@@ -303,6 +377,22 @@ def _flat_cat(tensors, dtype=None):
     return torch.cat(parts) if parts else torch.empty(0, dtype=dtype or torch.uint8)
 
 
+def _inline_policy():
+    """Run async collectives in the caller's thread? HBMCOLL_TORCH_INLINE=1/0; by default
+    (auto) yes when this process may run on one CPU only (hbmcoll-run's --bind core): then
+    nothing can overlap with the collective, and handing it to hbmcoll's progress thread and
+    back only adds context switches on that CPU."""
+    v = os.environ.get("HBMCOLL_TORCH_INLINE", "auto").strip().lower()
+    if v in ("1", "yes", "true", "on"):
+        return True
+    if v in ("0", "no", "false", "off"):
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) == 1
+    except (AttributeError, OSError):
+        return False
+
+
 # ---- the process group ---------------------------------------------------------------------------
 
 class ProcessGroupHbmcoll(dist.ProcessGroup):
@@ -315,6 +405,8 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         self._size = comm.size
         self._completer = None
         self._lock = threading.Lock()
+        self._inline = _inline_policy()
+        self._group_name = self._group_desc = ""
 
     # -- identity
     def getBackendName(self):
@@ -326,12 +418,27 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def getSize(self):
         return self._size
 
+    # torch keeps these on the backends of a C++ ProcessGroup; this one has none
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
+
     def __repr__(self):
         return f"<ProcessGroupHbmcoll rank {self._rank} of {self._size}>"
 
     # -- plumbing
     def _start(self, req, finish, result):
-        w = Work(req, finish, result)
+        return Work(req, finish, result, self)
+
+    def _enqueue(self, w):
         c = self._completer
         if c is None:
             with self._lock:
@@ -339,12 +446,11 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
                     self._completer = _Completer(f"hbmcoll-torch-{self._rank}")
                 c = self._completer
         c.put(w)
-        return w
 
     def _go(self, opts, name, args, finish, result):
         """Run comm.<name>(*args) now (asyncOp false) or start comm.i<name>(*args)."""
         c = self.comm
-        if opts is not None and not opts.asyncOp:
+        if self._inline or (opts is not None and not opts.asyncOp):
             getattr(c, name)(*args)
             if finish is not None:
                 finish()
@@ -363,11 +469,11 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = tensors[0] if len(tensors) == 1 else self._one(tensors, "allreduce")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        op = _OPS.get(redop.op)
+        op = _OPS.get(getattr(redop, "op", redop))
         if op is not None and t.dtype in _NATIVE and t.is_contiguous() and not t.requires_grad \
                 and t.device.type == "cpu":
             # the common case: in place on the caller's tensor, nothing to copy
-            if opts is not None and not opts.asyncOp:
+            if self._inline or (opts is not None and not opts.asyncOp):
                 self.comm.allreduce(t, op)
                 return Work(None, None, tensors)
             return self._start(self.comm.iallreduce(t, op), None, tensors)
@@ -468,7 +574,9 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
-        return works[-1] if works else Work(None, None, output_lists)
+        for w in works:
+            w.wait()
+        return Work(None, None, output_lists)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         t = self._one(input_tensors, "gather")
@@ -608,7 +716,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         return self._go(opts, "alltoall", (sbuf, rbuf), finish, result)
 
     def barrier(self, opts=None):
-        if opts is not None and not opts.asyncOp:
+        if self._inline or (opts is not None and not opts.asyncOp):
             self.comm.barrier()
             return Work(None, None, [])
         return self._start(self.comm.ibarrier(), None, [])

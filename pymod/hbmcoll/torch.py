@@ -21,7 +21,8 @@ on each parameter (``register_post_accumulate_grad_hook``) copies its gradient i
 bucket as soon as it is final, each full bucket is started with the nonblocking ``iallreduce``
 (hbmcoll's progress thread runs it while autograd goes on), always in bucket order so every rank
 starts the same collectives in the same order; ``step()`` waits for them, copies the averaged
-gradients back and then runs the wrapped optimizer.
+gradients back and then runs the wrapped optimizer. (When the rank may run on one CPU only, the
+bucket's allreduce runs right in the hook instead: see HBMCOLL_TORCH_INLINE in _torch_backend.)
 """
 import contextlib
 import io
@@ -32,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from . import comm as _comm_mod
-from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _RedPlan,  # noqa: F401
-                             communicator, register)
+from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
+                             _RedPlan, communicator, register)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
@@ -41,7 +42,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
            "Average", "Sum", "Min", "Max", "Product", "Adasum",
-           "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator"]
+           "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register"]
 
 # Horovod's op names
 Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
@@ -436,6 +437,7 @@ class _DistributedOptimizer:
                 raise ValueError(f"named_parameters lacks {len(missing)} of the optimizer's "
                                  "parameters")
         self._hb_comm = init()
+        self._hb_inline = _inline_policy()
         for p in params:
             if p.device.type != "cpu":
                 raise ValueError(f"hbmcoll: DistributedOptimizer needs CPU parameters, got {p.device}")
@@ -506,7 +508,11 @@ class _DistributedOptimizer:
             b = bs[self._hb_next]
             if self._hb_predivide != 1.0:
                 b.flat.mul_(1.0 / self._hb_predivide)
-            b.req = self._hb_comm.iallreduce(b.flat, self._hb_op)
+            if self._hb_inline:
+                self._hb_comm.allreduce(b.flat, self._hb_op)
+                b.req = None
+            else:
+                b.req = self._hb_comm.iallreduce(b.flat, self._hb_op)
             self._hb_next += 1
 
     def synchronize(self):
@@ -520,8 +526,9 @@ class _DistributedOptimizer:
                         self._hb_fill(b, p, off)
         self._hb_launch_ready()
         for b in self._hb_buckets:
-            b.req.wait()
-            b.req = None
+            if b.req is not None:
+                b.req.wait()
+                b.req = None
             if self._hb_predivide != 1.0:
                 b.flat.mul_(self._hb_predivide)
             for p, off in zip(b.params, b.offsets):
