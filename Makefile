@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
 # Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench (quick),
-# bench-full, clean.
+# bench-full, docker, docker-test, bench-docker, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev numactl \
                mpich libmpich-dev
-PY_PKGS := numpy pytest torch==2.13.0 matplotlib
+PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
 .PHONY: all deps build demo test ctest pytest bench bench-full clean
 
@@ -43,6 +43,7 @@ demo: build
 
 include numa/Makefile.inc
 include tests/emulation/Makefile.inc
+include docker/docker.mk
 -include tests/c/Makefile.inc
 
 pytest: build

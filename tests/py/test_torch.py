@@ -131,6 +131,9 @@ EXTRA = ["bool", "int16", "uint16", "complex64"]
 
 def rank_collectives(comm, port):
     """Every collective x dtype x op through hbmcoll and through gloo (3 ranks)."""
+    # slow to import (torch._dynamo): before the ranks start waiting on each other
+    import torch.distributed._functional_collectives as fc
+
     dist, gloo = _init(comm, port)
     R = dist.ReduceOp
     r, P = dist.get_rank(), dist.get_world_size()
@@ -138,7 +141,6 @@ def rank_collectives(comm, port):
     check = Checker()
     pg = dist.distributed_c10d._get_default_group()
     assert pg.name() == "hbmcoll" and pg.group_name, (pg.name(), pg.group_name)
-    import torch.distributed._functional_collectives as fc   # resolves the group by its name
     check("functional all_reduce", fc.wait_tensor(fc.all_reduce(torch.ones(2), "sum", pg)),
           torch.full((2,), float(P)))
     seed = [0]

@@ -1,0 +1,178 @@
+"""DDP training throughput: backend "hbmcoll" against gloo, in the same run.
+
+    python3 bench/ddp_throughput.py                 # 2 ranks, the model of examples/torch_ddp.py
+    python3 bench/ddp_throughput.py --np 2 --rounds 7 --steps 100 --batch 32
+    python3 bench/ddp_throughput.py --wide 8        # the same net with 8x wider layers
+
+It starts itself on N ranks with hbmcoll-run. Every rank makes both process groups (the default
+one on hbmcoll, a gloo group of the same ranks) and one DDP model on each, from the same weights.
+The rounds interleave the backends (ABBA order, so drift in machine load hits both alike); a
+round times `--steps` training steps (forward, backward with DDP's gradient allreduce, SGD step)
+on synthetic 8x8 digit batches after a warm-up. Throughput = steps / wall time of the slowest
+rank. Prints both, the ratio hbmcoll/gloo (median of the per-round ratios, and of the medians),
+and writes bench/results/ddp.json. Fairness: torch.set_num_threads(1) and OMP_NUM_THREADS=1 in
+every rank, pinning (hbmcoll-run's default --bind core) applies to both backends alike, and the
+data, model and step count are identical.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PYMOD = os.path.join(REPO, "pymod")
+
+
+def _args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
+    ap.add_argument("--steps", type=int, default=100, help="timed steps per round and backend")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps per backend first")
+    ap.add_argument("--batch", type=int, default=32, help="batch per rank (default 32)")
+    ap.add_argument("--wide", type=int, default=1, help="widen the example net's layers k times")
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "ddp.json"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def _net(wide):
+    spec = importlib.util.spec_from_file_location("torch_ddp_example",
+                                                  os.path.join(REPO, "examples", "torch_ddp.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import torch.nn as nn
+    net = mod.Net()
+    if wide != 1:
+        net.conv1 = nn.Conv2d(1, 16 * wide, 3, padding=1)
+        net.conv2 = nn.Conv2d(16 * wide, 32 * wide, 3, padding=1)
+        net.fc1 = nn.Linear(32 * wide * 4 * 4, 128 * wide)
+        net.fc2 = nn.Linear(128 * wide, 10)
+    return net
+
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hbmcoll.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("hbmcoll")
+    gloo = dist.new_group(backend="gloo")
+    rank = dist.get_rank()
+    groups = {"hbmcoll": dist.distributed_c10d._get_default_group(), "gloo": gloo}
+    torch.manual_seed(0)
+    base = _net(a.wide)
+    nparams = sum(p.numel() for p in base.parameters())
+    models, opts = {}, {}
+    for name, pg in groups.items():
+        m = _net(a.wide)
+        m.load_state_dict(base.state_dict())
+        models[name] = DDP(m, process_group=pg, bucket_cap_mb=a.bucket_mb)
+        opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    data = [(torch.rand(a.batch, 1, 8, 8, generator=g), torch.randint(0, 10, (a.batch,), generator=g))
+            for _ in range(16)]
+
+    def run(name, steps):
+        m, opt = models[name], opts[name]
+        for i in range(steps):
+            x, y = data[i % len(data)]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+
+    for name in groups:
+        run(name, a.warmup)
+    rounds = []
+    t = torch.zeros(1, dtype=torch.float64)
+    for r in range(a.rounds):
+        order = ["hbmcoll", "gloo"] if r % 2 == 0 else ["gloo", "hbmcoll"]
+        res = {}
+        for name in order:
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            run(name, a.steps)
+            t[0] = time.perf_counter() - t0
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)   # the slowest rank
+            res[name] = a.steps / float(t[0])
+        rounds.append(res)
+    if rank == 0:
+        print(json.dumps({"rounds": rounds, "nparams": nparams}), flush=True)
+    dist.barrier(group=gloo)
+    dist.barrier()
+    # Leave without tearing down: freeing a DDP model whose gloo group still has a Work in its
+    # run loop can deadlock in torch 2.13 (~ProcessGroupGloo joins the run-loop thread while
+    # holding the GIL, and that thread waits for the GIL to free a tensor).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def main(argv=None):
+    a = _args(argv)
+    if a.worker:
+        return worker(a)
+    env = dict(os.environ, HBMCOLL_QUIET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [PYMOD, os.environ.get("PYTHONPATH")])))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "hbmcoll.run", "-n", str(a.np), os.path.abspath(__file__),
+           "--worker"] + [x for x in (argv if argv is not None else sys.argv[1:])]
+    try:
+        load_before = os.getloadavg()[0]
+    except OSError:
+        load_before = None
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired as e:
+        raise SystemExit(f"ddp_throughput: the ranks did not finish in {e.timeout} s")
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit(f"ddp_throughput: the ranks failed (exit {p.returncode})")
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+    got = json.loads(line)
+    rounds = got["rounds"]
+    hb = [r["hbmcoll"] for r in rounds]
+    gl = [r["gloo"] for r in rounds]
+    ratios = [r["hbmcoll"] / r["gloo"] for r in rounds]
+    import torch
+    result = {
+        "benchmark": "DDP training throughput (steps/s), examples/torch_ddp.py model",
+        "ranks": a.np, "batch_per_rank": a.batch, "steps_per_round": a.steps,
+        "rounds": a.rounds, "wide": a.wide, "parameters": got["nparams"],
+        "bucket_cap_mb": a.bucket_mb,
+        "hbmcoll_steps_per_s": statistics.median(hb), "gloo_steps_per_s": statistics.median(gl),
+        "ratio_median_of_rounds": statistics.median(ratios),
+        "ratio_of_medians": statistics.median(hb) / statistics.median(gl),
+        "per_round": rounds,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "cpus": os.cpu_count(), "load_avg_before": load_before, "wall_s": round(time.time() - t0, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"DDP throughput, {a.np} ranks, {got['nparams']} parameters, batch {a.batch}/rank, "
+          f"{a.rounds} interleaved rounds x {a.steps} steps")
+    for r, (h, g_) in enumerate(zip(hb, gl)):
+        print(f"  round {r}: hbmcoll {h:8.1f} steps/s   gloo {g_:8.1f} steps/s   ratio {h / g_:.2f}")
+    print(f"hbmcoll {result['hbmcoll_steps_per_s']:.1f} steps/s, gloo "
+          f"{result['gloo_steps_per_s']:.1f} steps/s, hbmcoll/gloo "
+          f"{result['ratio_median_of_rounds']:.2f}x (median of per-round ratios)")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,517 @@
+"""hbmcoll for TensorFlow and Keras, with Horovod's names.
+
+A Horovod script switches by changing its import:
+
+    import hbmcoll.tensorflow as hvd          # was: import horovod.tensorflow(.keras) as hvd
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)   # gradients averaged over the ranks
+    ...
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+    # Keras
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=opt, ...)
+    model.fit(..., callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+Everything works eagerly and inside tf.function: in a graph the collective is a
+``tf.numpy_function`` (stateful, so TensorFlow keeps the collectives in program order on every
+rank, which hbmcoll needs). The gradients of a step go in one fused allreduce per dtype.
+allreduce, allgather and broadcast are differentiable (the gradient of an allreduce is the
+allreduce of the gradients, as in Horovod). CPU only; XLA (jit_compile=True) cannot compile the
+collectives, so Keras models must not force it (Keras's default on a CPU-only machine is off).
+"""
+import sys
+import types
+
+import numpy as np
+import tensorflow as tf
+
+from . import comm as _comm_mod
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
+           "broadcast_object", "allgather_object", "barrier", "join", "DistributedGradientTape",
+           "DistributedOptimizer", "callbacks", "Average", "Sum", "Min", "Max", "Product",
+           "Adasum"]
+
+Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
+Adasum = "adasum"
+
+_comm = None
+_NATIVE = {np.dtype(t) for t in ("int8", "uint8", "int32", "int64", "float16", "float32",
+                                  "float64")}
+_BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
+# ---- the job -------------------------------------------------------------------------------------
+
+def init(comm=None):
+    """Join the job (idempotent): hbmcoll.init() from the launcher's environment (hbmcoll-run,
+    torchrun, mpiexec, srun), or the given hbmcoll Communicator."""
+    global _comm
+    if comm is not None:
+        _comm = comm
+    elif _comm is None or _comm.closed:
+        _comm = _comm_mod.init()
+    return _comm
+
+
+def _c():
+    if _comm is None:
+        raise ValueError("hbmcoll.tensorflow has not been initialised: call hvd.init() first")
+    return _comm
+
+
+def shutdown():
+    global _comm
+    c, _comm = _comm, None
+    if c is not None:
+        c.close()
+
+
+def is_initialized():
+    return _comm is not None and not _comm.closed
+
+
+def rank():
+    return _c().rank
+
+
+def size():
+    return _c().size
+
+
+def local_rank():
+    return _c().local_rank
+
+
+def local_size():
+    return _c().local_size
+
+
+def barrier():
+    _c().barrier()
+
+
+def join():
+    """Every rank must run the same collectives here, so join() is a barrier."""
+    _c().barrier()
+    return size() - 1
+
+
+def _op_of(average, op):
+    if op is None:
+        op = Average if average is None or average else Sum
+    elif average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if op == Adasum:
+        raise ValueError("hbmcoll does not implement Adasum; use Average or Sum")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
+    return op
+
+
+# ---- NumPy level: what runs eagerly or inside tf.numpy_function ------------------------------------
+
+def _red_dtype(dt):
+    """The dtype hbmcoll reduces arrays of dtype dt in."""
+    if dt in _NATIVE:
+        return dt
+    if dt == _BF16 or dt.kind == "f":
+        return np.dtype(np.float32)
+    if dt == np.bool_:
+        return np.dtype(np.uint8)
+    if dt.kind in "iu":
+        return np.dtype(np.int64)
+    raise TypeError(f"hbmcoll: cannot reduce tensors of dtype {dt}")
+
+
+def _np_allreduce_many(arrays, op, prescale=1.0, postscale=1.0):
+    """Reduce a list of arrays over the ranks: one fused allreduce per dtype. New arrays."""
+    c = _c()
+    out = [None] * len(arrays)
+    by_dtype = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(np.asarray(a).dtype, []).append(i)
+    for dt, idx in by_dtype.items():   # dict order: first appearance, the same on every rank
+        rdt = _red_dtype(dt)
+        rop = op
+        if dt == np.bool_:
+            rop = {Sum: Max, Average: Max, Product: Min}.get(op, op)
+        flat = np.concatenate([np.asarray(arrays[i], dtype=rdt).reshape(-1) for i in idx]) \
+            if len(idx) > 1 else np.array(arrays[idx[0]], dtype=rdt, copy=True).reshape(-1)
+        if prescale != 1.0:
+            flat *= prescale
+        c.allreduce(flat, rop)
+        if postscale != 1.0:
+            flat *= postscale
+        off = 0
+        for i in idx:
+            shape = np.shape(arrays[i])
+            n = int(np.prod(shape, dtype=np.int64))
+            out[i] = flat[off:off + n].reshape(shape).astype(dt, copy=False)
+            off += n
+    return out
+
+
+def _contig(a):
+    """a as a C-contiguous array (np.ascontiguousarray would turn 0-d into 1-d)."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def _mv(a):
+    """A contiguous array hbmcoll can move, and the dtype to view the result back as."""
+    a = _contig(a)
+    if a.dtype in _NATIVE:
+        return a, None
+    return a.reshape(-1).view(np.uint8), a.dtype
+
+
+def _np_bcast(a, root):
+    a = np.array(a, copy=True)
+    buf, back = _mv(a)
+    if buf.size:
+        _c().bcast(buf, root=root)
+    return a
+
+
+def _np_bcast_many(arrays, root):
+    """Broadcast a list of arrays from root: one fused bcast of their bytes."""
+    arrays = [_contig(a) for a in arrays]
+    total = sum(a.nbytes for a in arrays)
+    flat = np.empty(total, np.uint8)
+    off = 0
+    for a in arrays:
+        flat[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        off += a.nbytes
+    if total:
+        _c().bcast(flat, root=root)
+    out, off = [], 0
+    for a in arrays:
+        out.append(flat[off:off + a.nbytes].view(a.dtype).reshape(a.shape).copy())
+        off += a.nbytes
+    return out
+
+
+def _np_allgather(a):
+    """Concatenate every rank's a along axis 0 (first dimensions may differ)."""
+    c = _c()
+    a = _contig(a)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    firsts = c.allgather(np.array([a.shape[0]], np.int64)).reshape(-1)
+    m = int(firsts.max())
+    rest = a.shape[1:]
+    pad = np.zeros((m,) + rest, a.dtype)
+    pad[:a.shape[0]] = a
+    buf, back = _mv(pad)
+    got = c.allgather(buf)
+    if back is not None:
+        got = got.reshape(c.size, -1).view(back)
+    got = got.reshape((c.size, m) + rest)
+    return np.concatenate([got[i, :int(firsts[i])] for i in range(c.size)]), firsts
+
+
+# ---- TensorFlow level ------------------------------------------------------------------------------
+
+def _np_fn(fn, inputs, touts):
+    """fn(*numpy arrays) -> list of arrays, eagerly or as a stateful numpy_function."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(x) for x in fn(*[t.numpy() for t in inputs])]
+    outs = tf.numpy_function(lambda *xs: fn(*xs), inputs, touts, stateful=True)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _allreduce_dense_list(tensors, op, prescale=1.0, postscale=1.0):
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    outs = _np_fn(lambda *xs: _np_allreduce_many(xs, op, prescale, postscale), tensors,
+                  [t.dtype for t in tensors])
+    for o, t in zip(outs, tensors):
+        o.set_shape(t.shape)
+    return outs
+
+
+def _allreduce_differentiable(tensors, op, prescale, postscale):
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _allreduce_dense_list(list(xs), op, prescale, postscale)
+
+        def grad(*dys):
+            if op not in (Average, Sum):
+                raise ValueError(f"hbmcoll: allreduce with op {op!r} has no gradient")
+            return _allreduce_dense_list([tf.convert_to_tensor(d) for d in dys], op, prescale,
+                                         postscale)
+        return ys, grad
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _allreduce_sparse(s, op):
+    if op not in (Average, Sum):
+        raise ValueError("hbmcoll: IndexedSlices can only be averaged or summed")
+    values = allgather(s.values)
+    indices = allgather(s.indices)
+    if op == Average:
+        values = values / tf.cast(size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                      sparse_as_dense=False):
+    """allreduce of a list of tensors in one fused collective per dtype; None entries stay
+    None, tf.IndexedSlices are gathered (or densified with sparse_as_dense=True)."""
+    op = _op_of(average, op)
+    out = list(tensors)
+    dense = []
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        if isinstance(t, tf.IndexedSlices):
+            if sparse_as_dense:
+                out[i] = tf.convert_to_tensor(t)
+                dense.append(i)
+            continue
+        dense.append(i)
+    if dense:
+        red = _allreduce_differentiable([tf.convert_to_tensor(out[i]) for i in dense], op,
+                                        prescale_factor, postscale_factor)
+        for i, r in zip(dense, red):
+            out[i] = r
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = _allreduce_sparse(t, op)
+    return out
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
+              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """tensor reduced over all ranks (default op Average); a new tensor. Differentiable for
+    Average and Sum. tf.IndexedSlices are allgathered (Horovod's behaviour)."""
+    return grouped_allreduce([tensor], average, op=op, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor)[0]
+
+
+def allgather(tensor, name=None):
+    """Every rank's tensor concatenated along dimension 0, in rank order (first dimensions may
+    differ). Differentiable: a rank's gradient is its slice of the summed gradient."""
+    tensor = tf.convert_to_tensor(tensor)
+
+    @tf.custom_gradient
+    def f(x):
+        y, = _np_fn(lambda a: [_np_allgather(a)[0]], [x], [x.dtype])
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank
+                    else tf.TensorShape([None]))
+
+        def grad(dy):
+            summed = _allreduce_dense_list([dy], Sum)[0]
+            n = tf.cast(tf.shape(x)[0] if x.shape.rank else 1, tf.int64)
+            firsts = _allgather_sizes(n)
+            start = tf.reduce_sum(firsts[:rank()])
+            g = summed[start:start + n]
+            return tf.reshape(g, tf.shape(x))
+        return y, grad
+    return f(tensor)
+
+
+def _allgather_sizes(n):
+    n = tf.reshape(tf.cast(n, tf.int64), [1])
+    out, = _np_fn(lambda a: [_np_allgather(a)[0]], [n], [tf.int64])
+    return out
+
+
+def broadcast(tensor, root_rank, name=None):
+    """A new tensor with root_rank's value. Differentiable (the root gets the sum of every
+    rank's gradient, the others zero)."""
+    tensor = tf.convert_to_tensor(tensor)
+
+    @tf.custom_gradient
+    def f(x):
+        y, = _np_fn(lambda a: [_np_bcast(a, root_rank)], [x], [x.dtype])
+        y.set_shape(x.shape)
+
+        def grad(dy):
+            g = _allreduce_dense_list([dy], Sum)[0]
+            return g if rank() == root_rank else tf.zeros_like(g)
+        return y, grad
+    return f(tensor)
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Assign root_rank's values to every rank's variables (one fused broadcast)."""
+    variables = list(variables)
+    if not variables:
+        return None
+    values = [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
+              for v in variables]
+    news = _np_fn(lambda *xs: _np_bcast_many(xs, root_rank), values, [v.dtype for v in values])
+    assigns = []
+    for var, new, old in zip(variables, news, values):
+        new.set_shape(old.shape)
+        assigns.append(var.assign(new))
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's obj (pickled) on every rank (eager)."""
+    import pickle
+    c = _c()
+    data = pickle.dumps(obj) if c.rank == root_rank else b""
+    n = np.array([len(data)], np.int64)
+    c.bcast(n, root=root_rank)
+    buf = np.frombuffer(bytearray(data), np.uint8) if c.rank == root_rank \
+        else np.empty(int(n[0]), np.uint8)
+    if buf.size:
+        c.bcast(buf, root=root_rank)
+    return obj if c.rank == root_rank else pickle.loads(buf.tobytes())
+
+
+def allgather_object(obj, name=None):
+    """The list of every rank's obj (eager)."""
+    import pickle
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    got, firsts = _np_allgather(data)
+    out, off = [], 0
+    for n in firsts:
+        out.append(pickle.loads(got[off:off + int(n)].tobytes()))
+        off += int(n)
+    return out
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+class DistributedGradientTape:
+    """Wraps a tf.GradientTape: gradient() returns the gradients reduced over the ranks
+    (averaged by default) in one fused allreduce. Everything else goes to the tape."""
+
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression=None,
+                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
+                 num_groups=0, groups=None, process_set=None):
+        self._tape = gradtape
+        self._op = _op_of(None, op)
+        self._sparse_as_dense = sparse_as_dense
+        self._predivide = float(gradient_predivide_factor)
+        if self._predivide != 1.0 and self._op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        init()
+
+    def gradient(self, target, sources, output_gradients=None, **kw):
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kw)
+        flat = tf.nest.flatten(grads)
+        red = grouped_allreduce(flat, op=self._op, prescale_factor=1.0 / self._predivide,
+                                postscale_factor=self._predivide,
+                                sparse_as_dense=self._sparse_as_dense)
+        return tf.nest.pack_sequence_as(grads, red)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=None, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None):
+    """A Keras optimizer (Keras 3) that applies the gradients reduced over the ranks (averaged
+    by default): a subclass of the optimizer's class made from its config, whose apply() (which
+    apply_gradients() and Model.fit use) allreduces the gradients first, in one fused
+    collective per dtype."""
+    if backward_passes_per_step != 1:
+        raise ValueError("hbmcoll: use the Keras optimizer's gradient_accumulation_steps "
+                         "instead of backward_passes_per_step")
+    op = _op_of(None, op)
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer reduces gradients with Average or Sum")
+    base = optimizer.__class__
+    predivide = float(gradient_predivide_factor)
+    init()
+
+    def apply(self, grads, trainable_variables=None):
+        grads = grouped_allreduce(list(grads), op=op, prescale_factor=1.0 / predivide,
+                                  postscale_factor=predivide, sparse_as_dense=sparse_as_dense)
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "_hbmcoll_distributed": True,
+                                        "__module__": base.__module__})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
+
+
+# ---- Keras callbacks (hvd.callbacks.*) ---------------------------------------------------------------
+
+def _make_callbacks():
+    import keras
+
+    class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+        """Start every rank from root_rank's model and optimizer variables: broadcast when
+        training begins and again after the first batch (optimizers may create their
+        variables on the first step)."""
+
+        def __init__(self, root_rank=0, device=""):
+            super().__init__()
+            self.root_rank = root_rank
+            self.done = False
+
+        def _variables(self):
+            vs = list(self.model.variables)
+            opt = getattr(self.model, "optimizer", None)
+            if opt is not None and getattr(opt, "built", True):
+                vs += list(opt.variables)
+            return vs
+
+        def on_train_begin(self, logs=None):
+            init()
+            broadcast_variables(self._variables(), self.root_rank)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if not self.done:
+                broadcast_variables(self._variables(), self.root_rank)
+                self.done = True
+
+    class MetricAverageCallback(keras.callbacks.Callback):
+        """Average the epoch's metrics (logs) over the ranks at the end of each epoch."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not logs:
+                return
+            keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+            vals = np.array([float(logs[k]) for k in keys], np.float64)
+            _c().allreduce(vals, Average)
+            for k, v in zip(keys, vals):
+                logs[k] = float(v)
+
+    mod = types.ModuleType(__name__ + ".callbacks", "Keras callbacks of hbmcoll.tensorflow")
+    mod.BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
+    mod.MetricAverageCallback = MetricAverageCallback
+    return mod
+
+
+class _LazyCallbacks(types.ModuleType):
+    """hbmcoll.tensorflow.callbacks, built on first use (importing keras takes seconds)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        real = _make_callbacks()
+        self.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+        return getattr(real, name)
+
+
+callbacks = _LazyCallbacks(__name__ + ".callbacks", "Keras callbacks of hbmcoll.tensorflow")
+sys.modules[callbacks.__name__] = callbacks
+# `import hbmcoll.tensorflow.keras as hvd` works too, like horovod.tensorflow.keras
+sys.modules[__name__ + ".keras"] = sys.modules[__name__]
