@@ -10,7 +10,7 @@ def satisfied(req):
         have = metadata.version(name)
     except metadata.PackageNotFoundError:
         return False
-    return not version or have == version
+    return not version or have.split("+")[0] == version  # 2.13.0+cpu satisfies 2.13.0
 
 
 missing = [r for r in sys.argv[1:] if not satisfied(r)]
