@@ -196,7 +196,7 @@ def _free_port():
 @pytest.mark.parametrize("launcher", ["hbmcoll-run", "torchrun"])
 def test_example_keras(launcher, tmp_path):
     script = os.path.join(REPO, "examples", "keras_digits.py")
-    args = [script, "--epochs", "2", "--check"]
+    args = [script, "--epochs", "1", "--check"]
     if launcher == "hbmcoll-run":
         cmd = [sys.executable, "-m", "hbmcoll.run", "-n", "2", "--bind", "none"] + args
     else:
