@@ -307,6 +307,8 @@ def rank_collectives(comm, port):
         assert w.wait()
     for i, t in enumerate(tensors):
         check(f"async #{i}", t, torch.full_like(t, sum(q + i for q in range(P))))
+    # futures are completed by the backend's threads just after wait() returns: wait for them
+    torch.futures.wait_all(futs)
     assert all(f.done() for f in futs) and all(w.is_completed() for w in works)
     t = torch.ones(10)
     fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
