@@ -1,6 +1,7 @@
 /*
  * request.c - hbmcoll._core.Request: a nonblocking collective in flight.
- * It owns the buffers until the collective finishes; wait() sleeps in short
+ * It owns the buffers until the collective finishes (several threads may wait
+ * on it at once); wait() sleeps in short
  * slices with the GIL released and runs signal handlers between them, so
  * Ctrl-C interrupts the wait (the collective itself goes on).
  */
@@ -35,13 +36,13 @@ PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_
   return (PyObject *)r;
 }
 
+/* The collective is over: keep its result and let the buffers go. The C
+ * request itself lives until dealloc, because another Python thread may
+ * still be inside coll_req_wait() on it with the GIL released. */
 static void request_finish(hb_request_t *r, int result) {
+  if (r->finished) return;
   r->finished = 1;
   r->result = result;
-  Py_BEGIN_ALLOW_THREADS
-  coll_req_free(r->req);
-  Py_END_ALLOW_THREADS
-  r->req = NULL;
   hb_buf_release(&r->sb);
   hb_buf_release(&r->rb);
 }
@@ -115,7 +116,14 @@ static PyObject *request_done(hb_request_t *r, void *c) {
 static void request_dealloc(hb_request_t *r) {
   PyTypeObject *tp = Py_TYPE(r);
   PyObject_GC_UnTrack(r);
-  if (!r->finished && r->req) request_finish(r, 0); /* waits: peers may still use the buffers */
+  if (r->req) { /* waits if still running: peers may still use the buffers */
+    Py_BEGIN_ALLOW_THREADS
+    coll_req_free(r->req);
+    Py_END_ALLOW_THREADS
+    r->req = NULL;
+  }
+  hb_buf_release(&r->sb);
+  hb_buf_release(&r->rb);
   Py_CLEAR(r->comm);
   tp->tp_free(r);
   Py_DECREF(tp);
