@@ -523,6 +523,7 @@ static PyMethodDef hb_functions[] = {
 
 static int hb_exec(PyObject *m) {
   hb_state_t *st = hb_state_of(m);
+  hb_np_init();
   st->Error = PyErr_NewExceptionWithDoc("hbmcoll.Error", "A collective failed.", PyExc_RuntimeError, NULL);
   if (st->Error == NULL) return -1;
   st->MismatchError = PyErr_NewExceptionWithDoc(

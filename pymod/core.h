@@ -17,6 +17,7 @@ typedef struct {
   Py_buffer view;
   int has_view;
   PyObject *capsule; /* DLPack capsule kept alive while in use */
+  PyObject *owner;   /* the array itself, on NumPy's fast path (numpy_fast.c) */
   void *ptr;
   size_t nbytes;
   coll_dtype_t dtype;
@@ -35,6 +36,10 @@ typedef struct {
 /* buffer.c */
 int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
 void hb_buf_release(hb_buf_t *b);
+
+/* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */
+void hb_np_init(void);
+int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
 
 /* _core.c */
 PyObject *hb_raise(hb_state_t *st, int code, const char *text);

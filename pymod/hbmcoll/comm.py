@@ -150,6 +150,14 @@ class Communicator:
 
     def reduce(self, buf, op="sum", root=0, out=None):
         """Reduce buf over all ranks into root's out (default: buf); others get None."""
+        if root.__class__ is int and 0 <= root < self.size and op in _OPS:  # the hot path
+            if self.rank != root:
+                self._c.run(_REDUCE, buf, None, _OPS[op], root)
+                return None
+            if out is None:
+                out = buf
+            self._c.run(_REDUCE, buf, out, _OPS[op], root)
+            return out
         args, res = self._reduce_args(buf, op, root, out)
         self._c.run(*args)
         return res
@@ -164,6 +172,13 @@ class Communicator:
 
     def gather(self, buf, root=0, out=None):
         """Root gets out of shape (size, *buf.shape); others get None."""
+        if root.__class__ is int and 0 <= root < self.size:  # the hot path: no tuples
+            if self.rank != root:
+                self._c.run(_GATHER, buf, None, 0, root)
+                return None
+            if out is not None:
+                self._c.run(_GATHER, buf, out, 0, root)
+                return out
         args, res = self._gather_args(buf, root, out)
         self._c.run(*args)
         return res

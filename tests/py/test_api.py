@@ -7,6 +7,7 @@ rank 1 is already waiting in a barrier; had any bad call reached the shared segm
 see a mismatch, and the collectives after it would be out of step.
 """
 
+import sys
 import time
 
 import numpy as np
@@ -60,6 +61,8 @@ def _bad_calls(comm):
         ("int16 dtype", TypeError, lambda: comm.bcast(np.zeros(4, np.int16))),
         ("complex dtype", TypeError, lambda: comm.allreduce(np.zeros(4, np.complex64))),
         ("uint64 dtype", TypeError, lambda: comm.allreduce(np.zeros(4, np.uint64))),
+        ("byte-swapped float32", TypeError, lambda: comm.allreduce(np.zeros(4, ">f4"))),
+        ("byte-swapped out", (TypeError, BufferError), lambda: comm.allreduce(f32, out=np.zeros(8, ">f4"))),
         ("out too small", ValueError, lambda: comm.allreduce(f32, out=np.zeros(7, np.float32))),
         ("out too large", ValueError, lambda: comm.allreduce(f32, out=np.zeros(9, np.float32))),
         ("reduce out wrong size", ValueError, lambda: comm.reduce(f32, root=0, out=np.zeros(4, np.float32))),
@@ -175,6 +178,28 @@ def test_read_only_input_is_fine(comm1):
     g = comm1.gather(b"abc", root=0)
     assert bytes(g) == b"abc"
     assert bytes(comm1.allgather(memoryview(b"xy"))) == b"xy"
+
+
+def test_numpy_kinds_all_arrive(comm1):
+    """Plain arrays take a shortcut past the buffer protocol (numpy_fast.c); subclasses,
+    0-d arrays, views with an offset and every integer spelling of 4 and 8 bytes must
+    still arrive with the right pointer, size and dtype."""
+    class Sub(np.ndarray):
+        pass
+
+    base = np.arange(12, dtype=np.float32)
+    cases = [base.view(Sub), np.array(2.5, np.float32), base[3:9], base.reshape(3, 4)[1:]]
+    cases += [np.arange(5, dtype=t) for t in (np.intc, np.int_, np.longlong, np.float16, np.uint8)]
+    for x in cases:
+        want = np.array(x, copy=True)
+        out = np.empty_like(want)
+        got = comm1.allreduce(x, op="sum", out=out)
+        assert got is out and np.array_equal(out, want), (x.dtype, x.shape)
+        assert comm1.bcast(x) is x and np.array_equal(x, want)
+    held = np.zeros(4, np.float32)
+    before = sys.getrefcount(held)
+    comm1.allreduce(held)
+    assert sys.getrefcount(held) == before  # the shortcut's reference is given back
 
 
 def test_size_one_collectives(comm1):
