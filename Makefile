@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
 # Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench (quick),
-# bench-full, docker, docker-test, bench-docker, clean.
+# bench-full, bench-c, bench-c-profile, docker, docker-test, bench-docker, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -13,7 +13,7 @@ DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs l
                mpich libmpich-dev
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
-.PHONY: all deps build demo test ctest pytest bench bench-full clean
+.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile clean
 
 all: build
 
@@ -43,7 +43,7 @@ demo: build
 
 include numa/Makefile.inc
 include tests/emulation/Makefile.inc
-include docker/docker.mk
+-include docker/docker.mk  # absent in hbmcoll:dev, which has no docker/
 -include tests/c/Makefile.inc
 
 pytest: build
@@ -56,6 +56,20 @@ bench: build
 
 bench-full: build
 	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
+
+# The C path alone (bench/c/coll_bench.c), built with the extension's flags, and its
+# instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.
+#   make bench-c ARGS="-c allreduce -s 65536"      make bench-c-profile ARGS="-c bcast -s 8 -i 20000"
+build/coll_bench: bench/c/coll_bench.c $(wildcard libcoll/src/*.c libcoll/src/*.h) libcoll/include/coll.h
+	gcc -std=c11 -O3 -g -D_GNU_SOURCE -Ilibcoll/include -Ilibcoll/src libcoll/src/*.c $< -o $@ -lpthread -lm
+
+bench-c: build/coll_bench
+	build/coll_bench $(ARGS)
+
+bench-c-profile: build/coll_bench
+	valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=build/callgrind.%p.out \
+	  build/coll_bench -n 1 $(ARGS)
+	@echo "per-rank profiles: build/callgrind.<pid>.out (callgrind_annotate FILE)"
 
 clean:
 	rm -rf $(BUILD) pymod/hbmcoll/_core*.so pymod/*.egg-info

@@ -1,0 +1,149 @@
+/*
+ * coll_bench.c - the C path alone, for profiling and tuning (no Python, no launcher).
+ *
+ *   build/coll_bench [-n ranks] [-c allreduce|bcast|gather|reduce|allgather] [-s bytes]
+ *                    [-i iters] [-w warmup] [-b rotating buffers] [-a algo] [-z]
+ *
+ * Forks the ranks, builds one communicator, runs the OSU loop (barrier, warm-up, timed loop)
+ * with float32 data that changes every iteration, checks the last result, and prints the
+ * mean microseconds per call on rank 0 (the max over ranks). -z puts the buffers in the
+ * arena (hbmcoll.empty). `make bench-c ARGS=...` builds it with the extension's flags.
+ * `make bench-c-profile` runs one rank under callgrind: an instruction count of the call
+ * path that repeats exactly whatever else the machine does (with more ranks the count
+ * would include the spinning waits, which depend on timing).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll.h"
+
+typedef struct {
+  int P, iters, warm, nbuf, zc;
+  size_t bytes;
+  coll_kind_t kind;
+  const char *algo;
+} opts_t;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static coll_kind_t parse_kind(const char *s) {
+  static const struct { const char *name; coll_kind_t kind; } k[] = {
+      {"allreduce", COLL_ALLREDUCE}, {"bcast", COLL_BCAST}, {"gather", COLL_GATHER},
+      {"reduce", COLL_REDUCE}, {"allgather", COLL_ALLGATHER}, {"barrier", COLL_BARRIER}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (strcmp(s, k[i].name) == 0) return k[i].kind;
+  fprintf(stderr, "coll_bench: unknown collective %s\n", s);
+  exit(2);
+}
+
+static void *buf_alloc(coll_comm_t *c, const opts_t *o, size_t bytes) {
+  void *p = NULL;
+  if (o->zc) {
+    if (coll_arena_alloc(c, bytes, 64, &p) != 0) return NULL;
+  } else if (posix_memalign(&p, 64, bytes) != 0) {
+    return NULL;
+  }
+  memset(p, 0, bytes);
+  return p;
+}
+
+/* Runs one rank; returns its seconds per call (negative on failure). */
+static double rank_main(int rank, const opts_t *o, const char *key) {
+  coll_comm_config_t cfg = {.rank = rank, .size = o->P, .job_key = key, .timeout_s = 30};
+  coll_comm_t *c;
+  int rc = coll_comm_create(&cfg, &c);
+  if (rc) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, coll_strerror(rc));
+    return -1;
+  }
+  if (o->algo) coll_set_algorithm(c, o->kind, o->algo);
+  size_t n = o->bytes / 4;
+  int wide = o->kind == COLL_GATHER || o->kind == COLL_ALLGATHER;
+  size_t rbytes = n * 4 * (wide ? (size_t)o->P : 1);
+  float *send[64], *recv[64];
+  for (int k = 0; k < o->nbuf; k++) {
+    send[k] = buf_alloc(c, o, n * 4 + 64);
+    recv[k] = buf_alloc(c, o, rbytes + 64);
+    if (!send[k] || !recv[k]) return -1;
+    for (size_t i = 0; i < n; i++) send[k][i] = (float)((i % 251) + rank);
+  }
+  coll_args_t bar = {.kind = COLL_BARRIER, .dtype = COLL_FLOAT32};
+  double t0 = 0;
+  int total = o->warm + o->iters;
+  for (int it = 0; it < total && rc == 0; it++) {
+    if (it == o->warm) {
+      rc = coll_run(c, &bar);
+      t0 = now_s();
+    }
+    int k = it % o->nbuf;
+    if (n) send[k][0] = (float)(it % 7 + rank); /* the data differs every call */
+    coll_args_t a = {.kind = o->kind, .dtype = COLL_FLOAT32, .op = COLL_SUM, .root = 0,
+                     .count = n, .send = send[k], .recv = o->kind == COLL_BCAST ? send[k] : recv[k]};
+    rc = coll_run(c, &a);
+  }
+  double t = (now_s() - t0) / o->iters;
+  if (rc) fprintf(stderr, "rank %d: %s\n", rank, coll_strerror(rc));
+  if (rc == 0 && o->kind == COLL_ALLREDUCE) { /* last call: element 1 is sum over ranks of 1+r */
+    int k = (total - 1) % o->nbuf;
+    float want = (float)o->P + (float)(o->P * (o->P - 1) / 2);
+    if (recv[k][n > 1 ? 1 : 0] != want && n > 1) {
+      fprintf(stderr, "rank %d: wrong result %g, want %g\n", rank, recv[k][1], want);
+      rc = -1;
+    }
+  }
+  coll_run(c, &bar);
+  coll_comm_free(c);
+  return rc ? -1 : t;
+}
+
+int main(int argc, char **argv) {
+  opts_t o = {.P = 2, .iters = 0, .warm = -1, .nbuf = 16, .bytes = 65536, .kind = COLL_ALLREDUCE};
+  int ch;
+  while ((ch = getopt(argc, argv, "n:c:s:i:w:b:a:z")) != -1) {
+    switch (ch) {
+    case 'n': o.P = atoi(optarg); break;
+    case 'c': o.kind = parse_kind(optarg); break;
+    case 's': o.bytes = strtoull(optarg, NULL, 0); break;
+    case 'i': o.iters = atoi(optarg); break;
+    case 'w': o.warm = atoi(optarg); break;
+    case 'b': o.nbuf = atoi(optarg); break;
+    case 'a': o.algo = optarg; break;
+    case 'z': o.zc = 1; break;
+    default: return 2;
+    }
+  }
+  if (o.nbuf < 1 || o.nbuf > 64 || o.P < 1 || o.P > 256) return 2;
+  if (o.iters <= 0) o.iters = o.bytes <= 8192 ? 10000 : 200;
+  if (o.warm < 0) o.warm = o.iters / 10;
+  char key[64];
+  snprintf(key, sizeof key, "coll_bench.%d", (int)getpid());
+  double *times = mmap(NULL, sizeof(double) * (size_t)o.P, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  for (int r = 1; r < o.P; r++)
+    if (fork() == 0) {
+      times[r] = rank_main(r, &o, key);
+      _exit(0);
+    }
+  times[0] = rank_main(0, &o, key);
+  int bad = 0;
+  while (wait(NULL) > 0) {}
+  double worst = 0;
+  for (int r = 0; r < o.P; r++) {
+    if (times[r] < 0) bad = 1;
+    if (times[r] > worst) worst = times[r];
+  }
+  if (bad) return 1;
+  printf("%s %zu B x %d ranks%s: %.2f us\n", coll_kind_name(o.kind), o.bytes, o.P,
+         o.zc ? " (arena)" : "", worst * 1e6);
+  return 0;
+}
