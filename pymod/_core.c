@@ -401,6 +401,10 @@ static PyObject *comm_get_closed(hb_comm_t *self, void *c) {
   (void)c;
   return PyBool_FromLong(self->comm == NULL);
 }
+static PyObject *comm_get_single_copy(hb_comm_t *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(self->comm && coll_comm_single_copy(self->comm));
+}
 static PyObject *comm_get_error(hb_comm_t *self, void *c) {
   (void)c;
   if (self->comm == NULL) Py_RETURN_NONE;
@@ -426,6 +430,8 @@ static PyGetSetDef comm_getset[] = {
     {"rank", (getter)comm_get_rank, NULL, NULL, NULL},
     {"size", (getter)comm_get_size, NULL, NULL, NULL},
     {"closed", (getter)comm_get_closed, NULL, NULL, NULL},
+    {"single_copy", (getter)comm_get_single_copy, NULL,
+     "large bcast/gather copy straight between the ranks' own buffers", NULL},
     {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

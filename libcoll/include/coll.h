@@ -138,6 +138,9 @@ void coll_comm_set_interrupt(coll_comm_t *comm, coll_interrupt_fn fn, void *arg)
 /* The first error that failed this communicator (0 while healthy), and a
  * sentence that says what happened ("rank 3 (pid 123) died", ...). */
 int coll_comm_error(const coll_comm_t *comm, const char **text_p);
+/* 1 if large bcast and gather copy straight between the ranks' own buffers
+ * (process_vm_readv/writev works between every pair of ranks), else 0. */
+int coll_comm_single_copy(const coll_comm_t *comm);
 
 /* ---- shared arena (zero-copy buffers) ---------------------------------- */
 /* Local: memory inside this communicator's shared segment, `align`ed (power of

@@ -13,8 +13,12 @@
  *  - "arena": the root's buffer lives in the shared arena (hbmcoll.empty):
  *    receivers copy straight from it in one round, and the root returns only
  *    when all have finished reading, since the caller may then change it.
- * The root's descriptor says which one it chose (send_off != 0: arena), so
- * receivers follow the root even if a forced algorithm differs between ranks.
+ *  - single copy (cma.c), from HBMCOLL_CMA_MIN up: the same, but receivers
+ *    read the root's private buffer with process_vm_readv. One copy of the
+ *    message per receiver instead of two, and the root copies nothing.
+ * The root's descriptor says which one it chose (send_off != 0: arena, or
+ * with single_copy its buffer's address), so receivers follow the root even
+ * if a forced algorithm differs between ranks.
  */
 #include <string.h>
 
@@ -54,9 +58,14 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   int root = a->root, rc;
   uint8_t *buf = a->recv;
   uint64_t zoff = 0;
-  if (c->rank == root && c->params.algo[COLL_BCAST] != 1)
+  int single = 0;
+  if (c->rank == root && c->params.algo[COLL_BCAST] != 1) {
     zoff = coll__arena_offset(c, buf, nbytes);
+    single = !zoff && c->cma && nbytes >= c->params.cma_min;
+    if (single) zoff = (uint64_t)(uintptr_t)buf;
+  }
   uint64_t t0 = coll__begin_algo(c, a, BC_PIPELINED, zoff, 0);
+  coll__my_desc(c)->single_copy = single;
   coll__publish_arrive(c, t0);
 
   if (c->rank == root) {
@@ -83,7 +92,8 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   uint64_t root_off = coll__desc(c, root)->send_off;
   if (root_off) {
     if ((rc = coll__wait_arrive(c, root, t0 + 1)) != 0) return rc;
-    if (nbytes) memcpy(buf, c->base + root_off, nbytes);
+    if (!coll__desc(c, root)->single_copy) memcpy(buf, c->base + root_off, nbytes);
+    else if ((rc = coll__cma_copy(c, root, buf, root_off, nbytes, 0)) != 0) return rc;
     coll__publish_done(c, t0 + 1);
     c->round = t0 + 1;
     return 0;

@@ -1,7 +1,9 @@
 /*
  * algo_gather.c - gather to the root ("flat").
  *
- * Small messages take the eager path below. Otherwise each non-root copies its contribution through its two staging slots, one
+ * Small messages take the eager path below, large ones single copy where the
+ * kernel allows it (gather_single_copy). Otherwise each non-root copies its
+ * contribution through its two staging slots, one
  * slot-sized chunk per round (t0 .. t0+K-1), and publishes its arrival; the
  * root compares every descriptor at t0, copies chunk k of every rank into
  * place and publishes `done`, which frees that slot for chunk k+2. Each
@@ -15,7 +17,7 @@
 
 #include "internal.h"
 
-enum { GA_EAGER = 1, GA_PIPELINED = 2 };
+enum { GA_EAGER = 1, GA_PIPELINED = 2, GA_SINGLE_COPY = 3 };
 
 /* Small messages (up to HBMCOLL_SMALL_MAX): everyone stages and publishes at
  * t0 and compares every descriptor; the root copies and publishes `done`
@@ -40,9 +42,40 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   return 0;
 }
 
+/* Large messages where single copy works (cma.c): the root publishes its
+ * output's address at t0 and, once it has compared every descriptor, says
+ * "go" at t0+1; each other rank then writes its part straight into the
+ * root's output with process_vm_writev while the root copies its own part,
+ * and the root returns when all have written (`done` at t0+1). */
+static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
+  int root = a->root, me = c->rank, rc;
+  uint64_t t0 = coll__begin_algo(c, a, GA_SINGLE_COPY, 0, me == root ? (uintptr_t)a->recv : 0);
+  coll__my_desc(c)->single_copy = 1;
+  coll__publish_arrive(c, t0);
+  c->round = t0 + 1;
+  if (me == root) {
+    if ((rc = coll__meet_all(c, t0)) != 0) return rc;
+    uint8_t *recv = a->recv, *mine = recv + (size_t)me * nbytes;
+    const uint8_t *send = a->send;
+    /* my input inside the output (send == recv): move it before others write there */
+    int inside = send < recv + (size_t)c->size * nbytes && recv < send + nbytes;
+    if (inside && mine != send) memmove(mine, send, nbytes);
+    coll__publish_arrive(c, t0 + 1);
+    if (!inside && mine != send) memcpy(mine, send, nbytes); /* while the others write */
+    return coll__wait_all_done(c, t0 + 1);
+  }
+  if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait_arrive(c, root, t0 + 1)) != 0)
+    return rc;
+  uint64_t dst = coll__desc(c, root)->recv_off + (uint64_t)me * nbytes;
+  if ((rc = coll__cma_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
+  coll__publish_done(c, t0 + 1);
+  return 0;
+}
+
 int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   if (nbytes <= c->params.small_max && nbytes <= c->hdr->slot_bytes) return gather_eager(c, a, nbytes);
+  if (c->cma && nbytes >= c->params.cma_min) return gather_single_copy(c, a, nbytes);
   size_t chunk = c->hdr->slot_bytes;
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc;

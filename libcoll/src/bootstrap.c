@@ -1,13 +1,22 @@
 /*
- * bootstrap.c - ranks of one node meet and share the segment's fd.
+ * bootstrap.c - ranks of one node meet, share the segment's fd and pidfds.
  *
- * Rank 0 listens on an abstract Unix socket "\0hbmcoll.<uid>.<hash(key)>"
- * (no file to clean up; gone when closed), the others connect, retrying
- * until the deadline because rank 0 may not be listening yet. Each side
- * checks the other's uid with SO_PEERCRED; the hello carries the full key,
- * the size and the rank so two jobs, or ranks that disagree, never mix. When
- * all size-1 peers have said hello, rank 0 sends each the fd (SCM_RIGHTS)
- * and closes everything.
+ * Rank 0 listens on a Unix socket named from the uid and a hash of the key:
+ * abstract ("\0hbmcoll.<uid>.<hash>": no file, but it lives in the network
+ * namespace), or, with HBMCOLL_RENDEZVOUS_DIR, a file in that directory, so
+ * containers that share only a volume can meet; rank 0 unlinks it whatever
+ * happens (a stale one from a killed job is replaced). The others connect,
+ * retrying until the deadline because rank 0 may not be listening yet. Each
+ * side checks the other's uid with SO_PEERCRED; the hello carries the full
+ * key, the size and the rank so two jobs, or ranks that disagree, never mix.
+ *
+ * Peers are watched for death with pidfds: a pid means nothing in another PID
+ * namespace, a pidfd passed over the socket does. Each member attaches a
+ * pidfd of itself to its hello; when all size-1 have come, rank 0 sends each
+ * the segment fd, then every other rank's pidfd, and waits for its ack
+ * before the next one (fds in flight count against RLIMIT_NOFILE). Where
+ * pidfd_open is missing the entry is -1 and sync.c falls back to kill(pid, 0)
+ * within one PID namespace.
  */
 #include <errno.h>
 #include <poll.h>
@@ -15,30 +24,43 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-#define BOOT_MAGIC 0x68626f6f74303031ull
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define BOOT_MAGIC 0x68626f6f74303032ull /* "boot002": hello with a pidfd, pidfd tables */
 #define BOOT_KEY_MAX 200
+#define BOOT_FDS_MAX 128 /* fds per message (the kernel takes at most 253) */
 
 typedef struct {
   uint64_t magic;
   int32_t size, rank;
   char key[BOOT_KEY_MAX];
-} boot_hello_t;
+} boot_hello_t; /* + the member's pidfd, if it has one */
 
 typedef struct {
   int32_t status; /* 0, or a negative code; text explains */
   char text[COLL_TEXT_MAX];
-} boot_reply_t;
+} boot_reply_t; /* + the segment fd on success */
+
+typedef struct {
+  int32_t first, n;          /* pidfds of ranks first .. first+n-1 */
+  uint8_t has[BOOT_FDS_MAX]; /* 1: attached, in rank order */
+} boot_pids_t;
 
 typedef struct {
   double deadline;
   coll_interrupt_fn interrupt; /* Ctrl-C during init/split: checked every slice */
   void *arg;
+  const char *dir; /* HBMCOLL_RENDEZVOUS_DIR, or NULL: abstract socket */
 } boot_t;
 
 #define BOOT_SLICE_MS 50
@@ -49,13 +71,19 @@ static double boot_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static socklen_t boot_address(const char *key, struct sockaddr_un *addr) {
+/* 0 when the path does not fit in sun_path */
+static socklen_t boot_address(const char *key, const boot_t *b, struct sockaddr_un *addr) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a: keys may be longer than sun_path */
   for (const char *p = key; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
   memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
-  int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "hbmcoll.%u.%016llx",
-                   (unsigned)getuid(), (unsigned long long)h);
+  size_t room = sizeof addr->sun_path - 1;
+  int n = b->dir ? snprintf(addr->sun_path, room, "%s/hbmcoll.%u.%016llx", b->dir,
+                            (unsigned)getuid(), (unsigned long long)h)
+                 : snprintf(addr->sun_path + 1, room, "hbmcoll.%u.%016llx", (unsigned)getuid(),
+                            (unsigned long long)h);
+  if (n < 0 || (size_t)n >= room) return 0;
+  /* abstract: the leading NUL and the name; a file: the path and its NUL */
   return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -96,59 +124,148 @@ static int boot_io(int fd, void *buf, size_t n, int writing, const boot_t *b) {
   return 0;
 }
 
-static int boot_send_fd(int sock, const boot_reply_t *reply, int fd) {
-  char cbuf[CMSG_SPACE(sizeof(int))];
-  memset(cbuf, 0, sizeof cbuf);
-  struct iovec iov = {(void *)reply, sizeof *reply};
+typedef union {
+  char buf[CMSG_SPACE(sizeof(int) * BOOT_FDS_MAX)];
+  struct cmsghdr align;
+} boot_cbuf_t;
+
+/* One message of len bytes with nfds (<= BOOT_FDS_MAX) fds attached. */
+static int boot_sendmsg(int sock, const void *buf, size_t len, const int *fds, int nfds) {
+  boot_cbuf_t cbuf;
+  memset(&cbuf, 0, sizeof cbuf);
+  struct iovec iov = {(void *)buf, len};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (fd >= 0) {
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof cbuf;
+  if (nfds > 0) {
+    msg.msg_control = cbuf.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
   }
-  return sendmsg(sock, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof *reply ? 0 : -errno;
+  ssize_t k = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  return k == (ssize_t)len ? 0 : k < 0 ? -errno : -EIO;
 }
 
-static int boot_recv_fd(int sock, boot_reply_t *reply, int *fd_p, const boot_t *b) {
+/* One message of exactly len bytes; the fds that came with it go to fds[]
+ * (*nfds_p of them; extra ones are closed). */
+static int boot_recvmsg(int sock, void *buf, size_t len, int *fds, int maxfds, int *nfds_p,
+                        const boot_t *b) {
   int rc = boot_poll(sock, POLLIN, b);
   if (rc < 0) return rc;
-  char cbuf[CMSG_SPACE(sizeof(int))];
-  struct iovec iov = {reply, sizeof *reply};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+  boot_cbuf_t cbuf;
+  struct iovec iov = {buf, len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
                        .msg_controllen = sizeof cbuf};
   ssize_t k = recvmsg(sock, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-  if (k < 0) return -errno;
-  if (k != (ssize_t)sizeof *reply) return -ECONNRESET;
-  *fd_p = -1;
-  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-      memcpy(fd_p, CMSG_DATA(cm), sizeof(int));
+  rc = k < 0 ? -errno : k != (ssize_t)len ? -ECONNRESET : 0;
+  int n = 0;
+  for (struct cmsghdr *cm = k < 0 ? NULL : CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    size_t cnt = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < cnt; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      if (rc == 0 && n < maxfds) fds[n++] = fd;
+      else close(fd);
+    }
+  }
+  if (rc != 0)
+    while (n > 0) close(fds[--n]);
+  *nfds_p = n;
+  return rc;
+}
+
+/* Rank 0 to member `to`: the segment fd, then the pidfds of all other ranks
+ * (table pids[], -1 where unknown), then wait for its ack. */
+static int boot_hand_over(int sock, int to, int size, int seg_fd, const int *pids, const boot_t *b) {
+  boot_reply_t reply = {0, ""};
+  int rc = boot_sendmsg(sock, &reply, sizeof reply, &seg_fd, 1);
+  for (int first = 0; rc == 0 && first < size; first += BOOT_FDS_MAX) {
+    boot_pids_t t;
+    int fds[BOOT_FDS_MAX], nfds = 0;
+    memset(&t, 0, sizeof t);
+    t.first = first;
+    t.n = size - first < BOOT_FDS_MAX ? size - first : BOOT_FDS_MAX;
+    for (int i = 0; i < t.n; i++)
+      if (first + i != to && pids[first + i] >= 0) {
+        t.has[i] = 1;
+        fds[nfds++] = pids[first + i];
+      }
+    rc = boot_sendmsg(sock, &t, sizeof t, fds, nfds);
+  }
+  int32_t ack = -1;
+  if (rc == 0) rc = boot_io(sock, &ack, sizeof ack, 0, b);
+  return rc == 0 && ack != 0 ? -EPROTO : rc;
+}
+
+/* The member's side of boot_hand_over, after the reply: fill pids[]. */
+static int boot_take_pids(int sock, int size, int *pids, const boot_t *b) {
+  for (int first = 0; first < size;) {
+    boot_pids_t t;
+    int fds[BOOT_FDS_MAX], nfds = 0, want = 0;
+    int rc = boot_recvmsg(sock, &t, sizeof t, fds, BOOT_FDS_MAX, &nfds, b);
+    if (rc != 0) return rc;
+    if (t.first != first || t.n <= 0 || t.n > BOOT_FDS_MAX || first + t.n > size) rc = -EPROTO;
+    for (int i = 0; rc == 0 && i < t.n; i++) want += t.has[i] != 0;
+    if (rc == 0 && want != nfds) rc = -EPROTO;
+    if (rc != 0) {
+      while (nfds > 0) close(fds[--nfds]);
+      return rc;
+    }
+    for (int i = 0, k = 0; i < t.n; i++)
+      if (t.has[i]) pids[first + i] = fds[k++];
+    first += t.n;
+  }
+  int32_t ack = 0;
+  return boot_io(sock, &ack, sizeof ack, 1, b);
+}
+
+/* Listen; a socket file left by a killed job (nobody accepts on it) is replaced. */
+static int boot_listen(int lsock, const struct sockaddr_un *addr, socklen_t alen, int size,
+                       const boot_t *b) {
+  if (bind(lsock, (const struct sockaddr *)addr, alen) != 0) {
+    int e = errno;
+    if (e != EADDRINUSE || b->dir == NULL) return -e;
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return -errno;
+    int live = connect(probe, (const struct sockaddr *)addr, alen) == 0 || errno != ECONNREFUSED;
+    close(probe);
+    if (live || unlink(addr->sun_path) != 0 ||
+        bind(lsock, (const struct sockaddr *)addr, alen) != 0)
+      return -EADDRINUSE;
+  }
+  if (listen(lsock, size) != 0) {
+    int e = errno;
+    if (b->dir) unlink(addr->sun_path);
+    return -e;
+  }
   return 0;
 }
 
-static int boot_leader(const char *key, int size, const boot_t *b, int fd, char *err,
-                       size_t errlen) {
+static int boot_leader(const char *key, int size, const boot_t *b, int fd, int *pids_out,
+                       char *err, size_t errlen) {
   struct sockaddr_un addr;
-  socklen_t alen = boot_address(key, &addr);
+  socklen_t alen = boot_address(key, b, &addr);
   int lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (lsock < 0) return -errno;
-  int rc = 0, *conns = NULL, nconn = 0;
-  if (bind(lsock, (struct sockaddr *)&addr, alen) != 0 || listen(lsock, size) != 0) {
-    rc = -errno;
-    snprintf(err, errlen, "rank 0 could not listen for job key '%s': %s%s", key, strerror(-rc),
+  int rc = 0, *conns = NULL, *pids = NULL, nconn = 0, listening = 0;
+  if ((rc = boot_listen(lsock, &addr, alen, size, b)) != 0) {
+    snprintf(err, errlen, "rank 0 could not listen for job key '%s'%s%s: %s%s", key,
+             b->dir ? " in " : "", b->dir ? b->dir : "", strerror(-rc),
              rc == -EADDRINUSE ? " (another job with the same key is starting)" : "");
     goto out_close_listener;
   }
+  listening = b->dir != NULL;
   conns = calloc((size_t)size, sizeof(int));
-  if (conns == NULL) {
+  pids = calloc((size_t)size, sizeof(int));
+  if (conns == NULL || pids == NULL) {
     rc = -ENOMEM;
-    goto out_close_listener;
+    goto out_close_conns;
   }
-  for (int i = 0; i < size; i++) conns[i] = -1;
+  for (int i = 0; i < size; i++) conns[i] = pids[i] = -1;
+  pids[0] = (int)syscall(SYS_pidfd_open, getpid(), 0);
   while (nconn < size - 1) {
     int prc = boot_poll(lsock, POLLIN, b);
     if (prc == COLL_EINTERRUPTED) {
@@ -169,8 +286,10 @@ static int boot_leader(const char *key, int size, const boot_t *b, int fd, char 
     int s = accept4(lsock, NULL, NULL, SOCK_CLOEXEC);
     if (s < 0) continue;
     boot_hello_t hello;
-    if (boot_same_user(s) != 0 || boot_io(s, &hello, sizeof hello, 0, b) != 0 ||
+    int pidfd = -1, npid = 0;
+    if (boot_same_user(s) != 0 || boot_recvmsg(s, &hello, sizeof hello, &pidfd, 1, &npid, b) != 0 ||
         hello.magic != BOOT_MAGIC || strncmp(hello.key, key, BOOT_KEY_MAX) != 0) {
+      if (npid > 0) close(pidfd);
       close(s); /* a stranger or a half-open connection: not one of ours */
       continue;
     }
@@ -182,41 +301,50 @@ static int boot_leader(const char *key, int size, const boot_t *b, int fd, char 
                (hello.rank > 0 && hello.rank < size && conns[hello.rank] >= 0) ? " (twice)" : "");
       snprintf(err, errlen, "%s", reply.text);
       boot_io(s, &reply, sizeof reply, 1, b);
+      if (npid > 0) close(pidfd);
       close(s);
       rc = COLL_EBOOTSTRAP;
       goto out_close_conns;
     }
     conns[hello.rank] = s;
+    pids[hello.rank] = npid > 0 ? pidfd : -1;
     nconn++;
   }
-  for (int r = 1; r < size; r++) {
-    boot_reply_t reply = {0, ""};
-    int src = boot_send_fd(conns[r], &reply, fd);
-    if (src != 0 && rc == 0) {
-      rc = src;
-      snprintf(err, errlen, "rank 0 could not hand the segment to rank %d: %s", r, strerror(-src));
-    }
+  if (listening) unlink(addr.sun_path); /* all came: nothing more to find there */
+  listening = 0;
+  for (int r = 1; r < size && rc == 0; r++) {
+    rc = boot_hand_over(conns[r], r, size, fd, pids, b);
+    if (rc != 0)
+      snprintf(err, errlen, "rank 0 could not hand the segment to rank %d: %s", r,
+               coll_strerror(rc));
   }
 out_close_conns:
-  for (int r = 1; r < size; r++) {
+  for (int r = 1; conns && r < size; r++) {
     if (conns[r] < 0) continue;
     if (rc != 0) { /* tell the ones that came why the job cannot start */
       boot_reply_t reply = {rc, ""};
       snprintf(reply.text, sizeof reply.text, "%s", err);
-      boot_send_fd(conns[r], &reply, -1);
+      boot_sendmsg(conns[r], &reply, sizeof reply, NULL, 0);
     }
     close(conns[r]);
   }
+  for (int r = 0; pids && r < size; r++) {
+    if (pids[r] < 0) continue;
+    if (rc == 0 && r > 0) pids_out[r] = pids[r];
+    else close(pids[r]);
+  }
   free(conns);
+  free(pids);
 out_close_listener:
+  if (listening) unlink(addr.sun_path);
   close(lsock);
   return rc;
 }
 
-static int boot_member(const char *key, int rank, int size, const boot_t *b, int *fd_p, char *err,
-                       size_t errlen) {
+static int boot_member(const char *key, int rank, int size, const boot_t *b, int *fd_p,
+                       int *pids_out, char *err, size_t errlen) {
   struct sockaddr_un addr;
-  socklen_t alen = boot_address(key, &addr);
+  socklen_t alen = boot_address(key, b, &addr);
   int s = -1, rc = 0;
   useconds_t nap = 1000;
   for (;;) { /* rank 0 may not be listening yet */
@@ -230,7 +358,8 @@ static int boot_member(const char *key, int rank, int size, const boot_t *b, int
       return rc;
     }
     if (boot_now() >= b->deadline) {
-      snprintf(err, errlen, "rank %d found no rank 0 listening for job key '%s' in time", rank, key);
+      snprintf(err, errlen, "rank %d found no rank 0 listening for job key '%s'%s%s in time", rank,
+               key, b->dir ? " in " : "", b->dir ? b->dir : "");
       return -ETIMEDOUT;
     }
     if (b->interrupt && b->interrupt(b->arg)) {
@@ -251,18 +380,30 @@ static int boot_member(const char *key, int rank, int size, const boot_t *b, int
   hello.size = size;
   hello.rank = rank;
   snprintf(hello.key, sizeof hello.key, "%s", key);
-  rc = boot_io(s, &hello, sizeof hello, 1, b);
+  int me = (int)syscall(SYS_pidfd_open, getpid(), 0); /* -1: the kernel has none */
+  rc = boot_poll(s, POLLOUT, b);
+  if (rc > 0) rc = boot_sendmsg(s, &hello, sizeof hello, &me, me >= 0);
+  if (me >= 0) close(me);
   boot_reply_t reply;
-  int fd = -1;
-  if (rc == 0) rc = boot_recv_fd(s, &reply, &fd, b);
-  if (rc != 0) {
+  int fd = -1, nfd = 0;
+  if (rc == 0) rc = boot_recvmsg(s, &reply, sizeof reply, &fd, 1, &nfd, b);
+  if (rc != 0) { /* e.g. rank 0 gave up (another rank disagreed) before accepting us */
     snprintf(err, errlen, "rank %d lost rank 0 while joining: %s", rank, coll_strerror(rc));
+    if (rc != COLL_EINTERRUPTED) rc = COLL_EBOOTSTRAP;
     goto out;
   }
-  if (reply.status != 0 || fd < 0) {
-    if (fd >= 0) close(fd);
+  if (reply.status != 0 || nfd == 0) {
+    if (nfd > 0) close(fd);
     rc = reply.status ? reply.status : COLL_EBOOTSTRAP;
     snprintf(err, errlen, "%s", reply.text);
+    goto out;
+  }
+  if ((rc = boot_take_pids(s, size, pids_out, b)) != 0) {
+    for (int r = 0; r < size; r++)
+      if (pids_out[r] >= 0) close(pids_out[r]), pids_out[r] = -1;
+    close(fd);
+    snprintf(err, errlen, "rank %d lost rank 0 while joining: %s", rank, coll_strerror(rc));
+    if (rc != COLL_EINTERRUPTED) rc = COLL_EBOOTSTRAP;
     goto out;
   }
   *fd_p = fd;
@@ -272,10 +413,22 @@ out:
 }
 
 int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    coll_interrupt_fn interrupt, void *arg, char *err, size_t errlen) {
+                    int *pidfds, coll_interrupt_fn interrupt, void *arg, char *err,
+                    size_t errlen) {
   if (strlen(key) >= BOOT_KEY_MAX) return COLL_EBADARG;
-  boot_t b = {boot_now() + timeout_s, interrupt, arg};
+  const char *dir = getenv("HBMCOLL_RENDEZVOUS_DIR");
+  boot_t b = {boot_now() + timeout_s, interrupt, arg, dir && *dir ? dir : NULL};
   if (size == 1) return 0;
-  if (rank == 0) return boot_leader(key, size, &b, *fd_inout, err, errlen);
-  return boot_member(key, rank, size, &b, fd_inout, err, errlen);
+  struct sockaddr_un addr;
+  struct stat st;
+  if (b.dir) {
+    int e = stat(b.dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (e == 0 && boot_address(key, &b, &addr) == 0) e = ENAMETOOLONG; /* sun_path: 108 bytes */
+    if (e != 0) {
+      snprintf(err, errlen, "rank %d: HBMCOLL_RENDEZVOUS_DIR '%s': %s", rank, b.dir, strerror(e));
+      return COLL_EBOOTSTRAP;
+    }
+  }
+  if (rank == 0) return boot_leader(key, size, &b, *fd_inout, pidfds, err, errlen);
+  return boot_member(key, rank, size, &b, fd_inout, pidfds, err, errlen);
 }

@@ -35,6 +35,7 @@ uint64_t coll__begin_algo(coll_comm_t *c, const coll_args_t *a, int algo, uint64
   d->algo = algo;
   d->send_off = send_off;
   d->recv_off = recv_off;
+  d->single_copy = 0;
   return c->round + 1;
 }
 

@@ -4,8 +4,9 @@
  * Rank 0 sizes and creates the segment, writes the header and pre-faults the
  * control and staging areas (so a full node shows up now, not as SIGBUS
  * later); the bootstrap hands the fd to the others, who map it by its size
- * and check the header. Then each rank records its pid and CPU mask, and a
- * barrier makes sure everyone is mapped before the first collective.
+ * and check the header, and every rank gets pidfds of the others. Then each
+ * rank records its pid and CPU mask, and a barrier makes sure everyone is
+ * mapped before the first collective.
  */
 #include <errno.h>
 #include <sched.h>
@@ -14,14 +15,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
 
 #define COMM_PAGE 4096
 #define COMM_ALIGN(x, a) (((x) + (a)-1) & ~(size_t)((a)-1))
@@ -64,6 +60,8 @@ static int comm_fail_local(coll_comm_t *c, int code, const char *what) {
 static void comm_record_identity(coll_comm_t *c) {
   coll__ctl_t *me = &c->ctl[c->rank];
   me->pid = (int32_t)getpid();
+  struct stat ns;
+  me->pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0)
     for (int cpu = 0; cpu < 1024 && cpu < CPU_SETSIZE; cpu++)
@@ -123,8 +121,8 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
   }
   char err[COLL_TEXT_MAX] = "";
-  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, cfg->interrupt,
-                       cfg->interrupt_arg, err, sizeof err);
+  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, c->pidfd,
+                       cfg->interrupt, cfg->interrupt_arg, err, sizeof err);
   if (rc) {
     c->error = rc == -ETIMEDOUT || rc == COLL_EBOOTSTRAP ? COLL_EBOOTSTRAP : rc;
     snprintf(c->error_text, sizeof c->error_text, "%s", err[0] ? err : coll_strerror(rc));
@@ -133,6 +131,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   if (c->rank != 0 && (rc = comm_map_segment(c)) != 0)
     return comm_fail_local(c, rc, "could not map the segment rank 0 sent");
   comm_record_identity(c);
+  coll__cma_publish_probe(c);
   if ((rc = coll__arena_init(c)) != 0) return comm_fail_local(c, rc, "arena");
   c->spin_iters = c->params.spin_iters;
   if (c->spin_iters < 0) c->spin_iters = 20000; /* until every rank's CPU mask is known */
@@ -140,10 +139,13 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   coll_args_t barrier = {.kind = COLL_BARRIER};
   c->allow_interrupt = 1;
   rc = coll__execute(c, &barrier);
+  if (rc == 0) { /* single copy: every rank tries every peer, then all agree */
+    coll__cma_check_peers(c);
+    rc = coll__execute(c, &barrier);
+    coll__cma_agree(c);
+  }
   c->allow_interrupt = 0;
   if (rc) return rc;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) c->pidfd[r] = (int)syscall(SYS_pidfd_open, c->ctl[r].pid, 0);
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
    * off the CPU quickly, since the rank it waits for may need that very CPU;
    * sched_yield does not reliably hand it over (CFS), a futex sleep does. */

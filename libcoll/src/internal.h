@@ -35,7 +35,7 @@ typedef struct {
   int32_t op;
   int32_t root;
   int32_t algo; /* the algorithm this rank picked: must agree too */
-  int32_t pad;
+  int32_t single_copy; /* 1: the offsets below are addresses in this rank's process (cma.c) */
   uint64_t send_off; /* segment offset of the send buffer if it is in the arena, else 0 */
   uint64_t recv_off; /* same for the receive buffer */
 } coll__desc_t;
@@ -48,8 +48,11 @@ typedef struct {
   /* line 1: sleeping and identity */
   _Alignas(COLL_LINE) _Atomic uint32_t wake; /* bumped after every publish; futex word */
   _Atomic uint32_t sleepers; /* waiters asleep on `wake` */
-  int32_t pid;
+  int32_t pid;          /* in the rank's own PID namespace */
   _Atomic int32_t left; /* this rank closed the communicator */
+  uint64_t pidns;       /* inode of its PID namespace, 0 unknown: is `pid` ours too? */
+  uint64_t cma_addr, cma_value; /* single-copy probe word (cma.c) */
+  _Atomic int32_t cma_ok;       /* 1: read every peer's probe, 2: could not */
   /* lines 2-3: written once at creation */
   _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
 } coll__ctl_t;
@@ -75,6 +78,8 @@ typedef struct {
   size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
+  int cma;                  /* single copy allowed (HBMCOLL_CMA, default 1) */
+  size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;
@@ -97,7 +102,7 @@ struct coll_comm {
   uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
   int slot_reader[2];         /* the one reader of slot[p], or -1 for all */
   uint64_t *seen_done;        /* per peer: done >= this is known */
-  int *pidfd;                 /* per peer, -1 if none */
+  int *pidfd;                 /* per peer, from the bootstrap; -1 if none */
   long spin_iters;
   int yield_budget; /* sched_yield calls before sleeping on the futex */
   /* interrupt check, only for inline (caller thread) runs */
@@ -112,6 +117,8 @@ struct coll_comm {
   int *local_of; /* node-local rank of each rank */
   coll__arena_t *arena;
   coll__worker_t *worker;
+  uint64_t cma_probe; /* the word peers read to test single copy */
+  int cma;            /* single copy works between every pair (same on all ranks) */
 };
 
 /* ---- param.c ---- */
@@ -124,9 +131,19 @@ int coll__segment_map(int fd, size_t bytes, uint8_t **base_p);
 void coll__segment_prefault(void *addr, size_t bytes);
 
 /* ---- bootstrap.c ---- */
-/* Rank 0 listens and sends `fd` to every other rank; others receive it. */
+/* Rank 0 listens and sends `fd` to every other rank; others receive it.
+ * pidfds[size] (all -1 on entry) gets a pidfd of each other rank, valid in
+ * this PID namespace, or -1 where the peer's kernel gave none. */
 int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    coll_interrupt_fn interrupt, void *arg, char *err, size_t errlen);
+                    int *pidfds, coll_interrupt_fn interrupt, void *arg, char *err,
+                    size_t errlen);
+
+/* ---- cma.c: single copy between private buffers (process_vm_readv/writev) ---- */
+#define COLL_CMA_MAX_RANKS 8
+void coll__cma_publish_probe(coll_comm_t *c);
+void coll__cma_check_peers(coll_comm_t *c);
+void coll__cma_agree(coll_comm_t *c);
+int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write);
 
 /* ---- sync.c ---- */
 static inline uint8_t *coll__slot(coll_comm_t *c, int r, int parity) {
@@ -162,6 +179,9 @@ uint64_t coll__begin(coll_comm_t *c, const coll_args_t *a, uint64_t send_off, ui
 /* The same with the algorithm id recorded, for collectives that choose one. */
 uint64_t coll__begin_algo(coll_comm_t *c, const coll_args_t *a, int algo, uint64_t send_off,
                           uint64_t recv_off);
+static inline coll__desc_t *coll__my_desc(coll_comm_t *c) {
+  return &c->ctl[c->rank].desc[c->seq & 1];
+}
 static inline const coll__desc_t *coll__desc(coll_comm_t *c, int r) {
   return &c->ctl[r].desc[c->seq & 1];
 }

@@ -7,6 +7,9 @@
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"
+ *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
+ *                        (cma.c; default 0: staging was faster on the machines we measured)
+ *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)
  * Malformed values are ignored in favour of the default; the Python layer
  * validates and reports them (hbmcoll.topology()).
  */
@@ -88,6 +91,9 @@ void coll__params_load(coll__params_t *p) {
   const char *spin = getenv("HBMCOLL_SPIN");
   p->spin_iters = (spin && *spin) ? strtol(spin, NULL, 10) : -1;
   param_algo_list(p, getenv("HBMCOLL_ALGO"));
+  const char *cma = getenv("HBMCOLL_CMA");
+  p->cma = cma && strcmp(cma, "1") == 0;
+  p->cma_min = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0);
 }
 
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name) {

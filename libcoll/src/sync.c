@@ -116,7 +116,10 @@ static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uin
   if (c->pidfd[peer] >= 0) {
     struct pollfd pfd = {c->pidfd[peer], POLLIN, 0};
     dead = poll(&pfd, 1, 0) > 0;
-  } else if (c->ctl[peer].pid > 0) {
+  } else if (c->ctl[peer].pid > 0 && c->ctl[peer].pidns != 0 &&
+             c->ctl[peer].pidns == c->ctl[c->rank].pidns) {
+    /* no pidfd (kernel < 5.3): its pid names it only in its own PID
+     * namespace; from another one only the deadline catches a death */
     dead = kill(c->ctl[peer].pid, 0) != 0 && errno == ESRCH;
   }
   int left = atomic_load_explicit(&c->ctl[peer].left, memory_order_acquire);
@@ -124,6 +127,8 @@ static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uin
   if (left && !dead)
     return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) closed the communicator; it is closed",
                       peer, (int)c->ctl[peer].pid);
+  if (c->ctl[peer].pid == 0) /* died before it recorded its pid */
+    return coll__fail(c, COLL_EPEERLOST, "rank %d died; the communicator is closed", peer);
   return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed", peer,
                     (int)c->ctl[peer].pid);
 }

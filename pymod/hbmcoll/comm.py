@@ -111,6 +111,14 @@ class Communicator:
         """The PU (OS index) this rank is pinned to, or None."""
         return self._placement.pu if self._placement is not None else None
 
+    @property
+    def single_copy(self):
+        """True when large bcast and gather copy straight between the ranks' own buffers:
+        asked for with HBMCOLL_CMA=1 and process_vm_readv/writev works between every pair
+        (not across PID namespaces, nor where seccomp or Yama refuse it). Otherwise they
+        stage through the shared segment, which was faster where we measured (cma.c)."""
+        return self._c.single_copy
+
     def __repr__(self):
         return f"<hbmcoll.Communicator rank {self.rank} of {self.size}>"
 

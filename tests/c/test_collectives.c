@@ -11,7 +11,9 @@
  *             P*13+1, several slot chunks} x every root x out of place / in
  *             place / send == recv, reductions over a rotation of dtype x op,
  *             allreduce and reduce auto / flat / rsag; again with
- *             HBMCOLL_SLOT_BYTES=4096 (many chunks, many parity reuses).
+ *             HBMCOLL_SLOT_BYTES=4096 (many chunks, many parity reuses); again
+ *             with HBMCOLL_CMA=1 (large bcast and gather single copy, cma.c)
+ *             and with single copy from the smallest non-eager size.
  *  arena      allreduce flat and rsag with buffers in the shared arena on all,
  *             none or some ranks, in place and not; bcast from an arena root;
  *             reduce from an arena root followed by a collective on another
@@ -406,10 +408,15 @@ static int op_run(coll_comm_t *c, op_t *o) {
 
 static const coll_dtype_t move_dtypes[] = {COLL_UINT8, COLL_INT32, COLL_FLOAT64, COLL_FLOAT16, COLL_INT64};
 
+/* arg: NULL, or the single-copy verdict the communicator must reach */
 static int rank_matrix(int rank, int size, const char *key, void *arg) {
-  (void)arg;
   coll_comm_t *c;
   if (comm_open(rank, size, key, 0, &c)) return 1;
+  if (arg && size > 1 && coll_comm_single_copy(c) != *(const int *)arg) {
+    fprintf(stderr, "rank %d: single copy %d, expected %d\n", rank, coll_comm_single_copy(c),
+            *(const int *)arg);
+    return 1;
+  }
   size_t slot = env_slot_bytes();
   size_t counts_bytes_big = 3 * slot + 1000; /* 4 chunks of a slot; many more of a piece */
   unsigned salt = 0;
@@ -910,11 +917,18 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
+  const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
+  const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
+  static const int yes = 1, no = 0;
   char name[96];
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
-    if (CASE("matrix")) spawn("matrix", P, 600, NULL, rank_matrix, NULL);
     if (CASE("matrix slot=4096")) spawn("matrix slot=4096", P, 600, small_slots, rank_matrix, NULL);
+    if (CASE("matrix staged only")) spawn("matrix staged only", P, 600, NULL, rank_matrix, (void *)&no);
+    if ((P == 2 || P == 5) && CASE("matrix single copy (HBMCOLL_CMA=1)"))
+      spawn("matrix single copy (HBMCOLL_CMA=1)", P, 600, single_copy, rank_matrix, (void *)&yes);
+    if ((P == 2 || P == 3 || P == 8) && CASE("matrix single copy from 1 B, slot=4096"))
+      spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
     if (CASE("arena slot=4096")) spawn("arena slot=4096", P, 600, small_slots, rank_arena, NULL);
     if (P > 1 && CASE("arena reduce then other comm"))

@@ -1,0 +1,99 @@
+/*
+ * cma.c - single copy between two ranks' private buffers with Linux
+ * cross-memory attach (process_vm_readv / process_vm_writev).
+ *
+ * Staging moves a large message twice (into a slot, out of it); when the
+ * kernel lets one process read or write another's memory, a receiver can
+ * pull straight from the root's NumPy array instead, which halves the memory
+ * traffic of a large bcast and lets the senders of a gather write into the
+ * root's output while the root copies its own part.
+ *
+ * Off unless HBMCOLL_CMA=1. Measured on the 2-vCPU VM this was written on
+ * (bench/c/coll_bench.c, 2 ranks, SCHED_FIFO so that nothing else ran):
+ * bcast 1 MiB 48-82 us staged vs 203-224 us single copy, 16 MiB 1.0-1.2 ms
+ * vs 2.5-2.8 ms; gather 1 MiB 127-180 vs 178-234 us. The kernel pins and
+ * maps every 4 KiB page of the peer, which costs more here than the second
+ * copy through cache-resident slots; only with the cores taken by other work
+ * did it win (staging needs both ranks on a CPU at once). Bare-metal nodes,
+ * where MPICH and Open MPI use it from 8 KiB, may differ: measure with
+ * `make bench-c ARGS="-c bcast -s 16777216"` and HBMCOLL_CMA=0/1.
+ *
+ * Whether it works is decided once per communicator, identically on every
+ * rank: at creation each rank reads a probe word from every peer (the word's
+ * address and value are in the peer's control line) and says whether all
+ * reads gave the right value; the communicator uses single copy only if all
+ * ranks say yes. It fails, and staging stays, when ranks sit in different PID
+ * namespaces (a pid would name another process), under Yama ptrace_scope >= 1
+ * without a ptracer relationship, under a seccomp profile that refuses the
+ * calls, or without HBMCOLL_CMA=1. Many readers of one process contend inside
+ * the kernel (page pinning; Chakraborty et al., Cluster 2017), so the
+ * algorithms use it only up to COLL_CMA_MAX_RANKS ranks.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+void coll__cma_publish_probe(coll_comm_t *c) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  c->cma_probe = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)c;
+  coll__ctl_t *me = &c->ctl[c->rank];
+  me->cma_addr = (uint64_t)(uintptr_t)&c->cma_probe;
+  me->cma_value = c->cma_probe;
+}
+
+/* After a barrier that follows every rank's coll__cma_publish_probe. */
+void coll__cma_check_peers(coll_comm_t *c) {
+  coll__ctl_t *me = &c->ctl[c->rank];
+  int ok = c->params.cma && c->size <= COLL_CMA_MAX_RANKS;
+  for (int q = 0; q < c->size && ok; q++) {
+    if (q == c->rank) continue;
+    const coll__ctl_t *peer = &c->ctl[q];
+    if (peer->pidns == 0 || peer->pidns != me->pidns) {
+      ok = 0;
+      break;
+    }
+    uint64_t got = 0;
+    struct iovec local = {&got, sizeof got};
+    struct iovec remote = {(void *)(uintptr_t)peer->cma_addr, sizeof got};
+    ok = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got &&
+         got == peer->cma_value;
+  }
+  me->cma_ok = ok ? 1 : 2;
+}
+
+/* After a second barrier: the verdict of all ranks. */
+void coll__cma_agree(coll_comm_t *c) {
+  c->cma = 1;
+  for (int q = 0; q < c->size; q++)
+    if (c->ctl[q].cma_ok != 1) c->cma = 0;
+}
+
+int coll_comm_single_copy(const coll_comm_t *c) { return c ? c->cma : 0; }
+
+/* Copies n bytes between my `local` and `remote` in rank `peer` (write: to
+ * the peer). A failure here is unexpected (the probe worked), most likely the
+ * peer died: the communicator fails on every rank. */
+int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write) {
+  uint8_t *l = local;
+  while (n > 0) {
+    struct iovec li = {l, n}, ri = {(void *)(uintptr_t)remote, n};
+    ssize_t got = write ? process_vm_writev(c->ctl[peer].pid, &li, 1, &ri, 1, 0)
+                        : process_vm_readv(c->ctl[peer].pid, &li, 1, &ri, 1, 0);
+    if (got <= 0) {
+      int e = got < 0 ? errno : EIO;
+      if (e == EINTR) continue;
+      return coll__fail(c, e == ESRCH ? COLL_EPEERLOST : -e,
+                        "single-copy %s rank %d (pid %d) failed: %s", write ? "write to" : "read from",
+                        peer, (int)c->ctl[peer].pid, strerror(e));
+    }
+    l += got;
+    remote += (uint64_t)got;
+    n -= (size_t)got;
+  }
+  return 0;
+}
