@@ -343,6 +343,47 @@ static const char *discover_sysfs_root(const char *path, int is_dir) {
   return r != NULL && *r != '\0' ? r : "/";
 }
 
+/* Containers on cgroup v1: hwloc looks for this process's cpuset under its
+ * host path below the cpuset mount, but the container has its own cgroup
+ * mounted there, so hwloc finds nothing and allows every CPU of the host; a
+ * rank planned outside --cpuset-cpus then cannot be bound. The file at the
+ * mount's root is the container's cpuset (on a host: every CPU), so the
+ * topology of this machine is restricted to it. Not the affinity mask: a
+ * launcher may have pinned each rank already, and every rank must plan the
+ * same topology. */
+static void discover_restrict_to_cgroup(hwloc_topology_t t, coll_numa_topo_t *topo) {
+  static const char *const files[] = {"/sys/fs/cgroup/cpuset/cpuset.effective_cpus",
+                                      "/sys/fs/cgroup/cpuset/cpuset.cpus",
+                                      "/sys/fs/cgroup/cpuset.cpus.effective"};
+  char line[4096] = "";
+  const char *from = NULL;
+  for (size_t i = 0; i < sizeof(files) / sizeof(files[0]) && from == NULL; i++) {
+    FILE *f = fopen(files[i], "re");
+    if (f == NULL)
+      continue;
+    if (fgets(line, sizeof(line), f) != NULL && line[0] >= '0' && line[0] <= '9')
+      from = files[i];
+    fclose(f);
+  }
+  hwloc_bitmap_t set = from ? hwloc_bitmap_alloc() : NULL;
+  if (set == NULL)
+    return;
+  hwloc_const_cpuset_t all = hwloc_topology_get_topology_cpuset(t);
+  char before[96], after[96];
+  hwloc_bitmap_list_snprintf(before, sizeof(before), all);
+  line[strcspn(line, " \n")] = '\0'; /* hwloc parses "0\n" as an empty set */
+  if (hwloc_bitmap_list_sscanf(set, line) == 0) {
+    hwloc_bitmap_and(set, set, all);
+    hwloc_bitmap_list_snprintf(after, sizeof(after), set);
+    if (!hwloc_bitmap_iszero(set) && !hwloc_bitmap_isequal(set, all) &&
+        hwloc_topology_restrict(t, set, 0) == 0)
+      snprintf(topo->note, sizeof(topo->note),
+               "hwloc saw PUs %s, the cgroup cpuset (%s) allows %s: planning on those", before,
+               from, after);
+  }
+  hwloc_bitmap_free(set);
+}
+
 void coll_numa_topo_free(coll_numa_topo_t *topo) {
   if (topo == NULL)
     return;
@@ -439,6 +480,8 @@ int coll_numa_topo_load(const char *path, coll_numa_topo_t **topo_p) {
     discover_env_restore(&env[i]);
   /* a foreign directory is "this system" for hwloc only if it is "/" */
   topo->thissystem = path == NULL && hwloc_topology_is_thissystem(t);
+  if (topo->thissystem)
+    discover_restrict_to_cgroup(t, topo);
   if ((rc = discover_fill(t, topo)) != 0)
     goto out_hwloc;
   const char *sysroot = discover_sysfs_root(path, is_dir);

@@ -61,6 +61,7 @@ struct coll_numa_topo {
   coll_numa_node_t *nodes; /* sorted by os_index */
   int nclusters;
   coll_numa_cluster_t *clusters;
+  char note[384]; /* one line (no newline) about how the facts were read, or "" */
   void *hwloc; /* hwloc_topology_t, for binding (NULL when not loaded from here) */
 };
 

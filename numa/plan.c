@@ -446,6 +446,8 @@ int coll_numa_plan_make(const coll_numa_topo_t *topo, int nranks, const coll_num
   plan->ranks = calloc((size_t)nranks, sizeof(coll_numa_rank_t));
   if (!plan->is_hbm || !plan->hbm || !plan->cl_hbm || !plan->cl_ddr || !plan->ranks)
     goto out_plan;
+  if (topo->note[0] != '\0')
+    coll__numa_addnote(plan->notes, sizeof(plan->notes), "%s", topo->note);
   if ((rc = plan_hbm(topo, plan)) != 0)
     goto out_plan;
   for (int i = 0; i < topo->nnodes; i++)
