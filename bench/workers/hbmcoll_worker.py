@@ -38,7 +38,7 @@ def main():
             return (lambda k: comm.barrier()), [np.zeros(1, C.DTYPE)]
         if coll == "alltoall":
             s = [fill((P, n), k) for k in range(nbuf)]
-            r = [alloc((P, n), C.DTYPE) for _ in range(nbuf)]
+            r = [C.output((P, n), alloc) for _ in range(nbuf)]
             return (lambda k: comm.alltoall(s[k], out=r[k])), [x.reshape(-1) for x in s]
         s = [fill(n, k) for k in range(nbuf)]
         touch = s
@@ -46,21 +46,21 @@ def main():
             if inplace:
                 op = lambda k: comm.allreduce(s[k], op="sum")  # noqa: E731
             else:
-                r = [alloc(n, C.DTYPE) for _ in range(nbuf)]
+                r = [C.output(n, alloc) for _ in range(nbuf)]
                 op = lambda k: comm.allreduce(s[k], op="sum", out=r[k])  # noqa: E731
         elif coll == "bcast":
             op = lambda k: comm.bcast(s[k], root=0)  # noqa: E731
         elif coll == "reduce":
-            r = [alloc(n, C.DTYPE) for _ in range(nbuf)]
+            r = [C.output(n, alloc) for _ in range(nbuf)]
             op = lambda k: comm.reduce(s[k], op="sum", root=0, out=r[k])  # noqa: E731
         elif coll == "gather":
-            r = [alloc((P, n), C.DTYPE) if rank == 0 else None for _ in range(nbuf)]
+            r = [C.output((P, n), alloc) if rank == 0 else None for _ in range(nbuf)]
             op = lambda k: comm.gather(s[k], root=0, out=r[k])  # noqa: E731
         elif coll == "allgather":
-            r = [alloc((P, n), C.DTYPE) for _ in range(nbuf)]
+            r = [C.output((P, n), alloc) for _ in range(nbuf)]
             op = lambda k: comm.allgather(s[k], out=r[k])  # noqa: E731
         elif coll == "reduce_scatter":
-            r = [alloc(n // P, C.DTYPE) for _ in range(nbuf)]
+            r = [C.output(n // P, alloc) for _ in range(nbuf)]
             s = [x[: (n // P) * P] for x in s]
             op = lambda k: comm.reduce_scatter(s[k], op="sum", out=r[k])  # noqa: E731
         else:

@@ -25,26 +25,26 @@ def main():
             return (lambda k: comm.Barrier()), [np.zeros(1, C.DTYPE)]
         if coll == "alltoall":
             s = [C.filled((P, n), rank + k) for k in range(nbuf)]
-            r = [np.empty((P, n), C.DTYPE) for _ in range(nbuf)]
+            r = [C.output((P, n)) for _ in range(nbuf)]
             return (lambda k: comm.Alltoall(s[k], r[k])), [x.reshape(-1) for x in s]
         s = [C.filled(n, rank + k) for k in range(nbuf)]
         touch = s
         if coll == "allreduce":
-            r = [np.empty(n, C.DTYPE) for _ in range(nbuf)]
+            r = [C.output(n) for _ in range(nbuf)]
             op = lambda k: comm.Allreduce(s[k], r[k], SUM)  # noqa: E731
         elif coll == "bcast":
             op = lambda k: comm.Bcast(s[k], 0)  # noqa: E731
         elif coll == "reduce":
-            r = [np.empty(n, C.DTYPE) for _ in range(nbuf)]
+            r = [C.output(n) for _ in range(nbuf)]
             op = lambda k: comm.Reduce(s[k], r[k], SUM, 0)  # noqa: E731
         elif coll == "gather":
-            r = [np.empty((P, n), C.DTYPE) if rank == 0 else None for _ in range(nbuf)]
+            r = [C.output((P, n)) if rank == 0 else None for _ in range(nbuf)]
             op = lambda k: comm.Gather(s[k], r[k], 0)  # noqa: E731
         elif coll == "allgather":
-            r = [np.empty((P, n), C.DTYPE) for _ in range(nbuf)]
+            r = [C.output((P, n)) for _ in range(nbuf)]
             op = lambda k: comm.Allgather(s[k], r[k])  # noqa: E731
         elif coll == "reduce_scatter":
-            r = [np.empty(n // P, C.DTYPE) for _ in range(nbuf)]
+            r = [C.output(n // P) for _ in range(nbuf)]
             s = [x[: (n // P) * P] for x in s]
             op = lambda k: comm.Reduce_scatter_block(s[k], r[k], SUM)  # noqa: E731
         else:

@@ -27,7 +27,7 @@ def main():
     SUM = dist.ReduceOp.SUM
 
     def tensors(shape, nbuf, fill=True):
-        arrs = [C.filled(shape, rank + k) if fill else np.empty(shape, C.DTYPE)
+        arrs = [C.filled(shape, rank + k) if fill else C.output(shape)
                 for k in range(nbuf)]
         return [torch.from_numpy(a) for a in arrs], [a.reshape(-1) for a in arrs]
 
@@ -43,19 +43,19 @@ def main():
         elif coll == "reduce":
             op = lambda k: dist.reduce(s[k], 0, SUM)  # noqa: E731
         elif coll == "gather":        # root passes a list of P output tensors
-            r = [list(torch.empty((P, n)).unbind(0)) if rank == 0 else None
+            r = [list(torch.zeros((P, n)).unbind(0)) if rank == 0 else None
                  for _ in range(nbuf)]
             op = lambda k: dist.gather(s[k], r[k], 0)  # noqa: E731
         elif coll == "allgather":     # the tensor form users call for flat buffers
-            r = [torch.empty(P * n) for _ in range(nbuf)]
+            r = [torch.zeros(P * n) for _ in range(nbuf)]
             op = lambda k: dist.all_gather_into_tensor(r[k], s[k])  # noqa: E731
         elif coll == "reduce_scatter":
-            r = [torch.empty(n // P) for _ in range(nbuf)]
+            r = [torch.zeros(n // P) for _ in range(nbuf)]
             s = [x[: (n // P) * P] for x in s]
             op = lambda k: dist.reduce_scatter_tensor(r[k], s[k], SUM)  # noqa: E731
         elif coll == "alltoall":
             s, touch = tensors(P * n, nbuf)
-            r = [torch.empty(P * n) for _ in range(nbuf)]
+            r = [torch.zeros(P * n) for _ in range(nbuf)]
             op = lambda k: dist.all_to_all_single(r[k], s[k])  # noqa: E731
         else:
             return None
