@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
 # Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench (quick),
-# bench-full, bench-c, bench-c-profile, docker, docker-test, bench-docker, clean.
+# bench-full, bench-c, bench-c-profile, bench-xcore, docker, docker-test, bench-docker, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -13,7 +13,7 @@ DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs l
                mpich libmpich-dev
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
-.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile clean
+.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore clean
 
 all: build
 
@@ -65,6 +65,12 @@ build/coll_bench: bench/c/coll_bench.c $(wildcard libcoll/src/*.c libcoll/src/*.
 
 bench-c: build/coll_bench
 	build/coll_bench $(ARGS)
+
+build/xcore_bench: bench/c/xcore_bench.c
+	gcc -std=c11 -O3 -g $< -o $@
+
+bench-xcore: build/xcore_bench
+	build/xcore_bench $(ARGS)
 
 bench-c-profile: build/coll_bench
 	valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=build/callgrind.%p.out \
