@@ -71,6 +71,7 @@ def summarize(rows, lim, large=1 << 20):
         if lim and nb and size >= large:
             s["limit_GBps"] = L.bandwidth_for(lim, P) / 1e9
             s["frac_limit"] = (nb / L.bandwidth_for(lim, P)) / (t * 1e-6)
+            s["bound_us"] = nb / L.bandwidth_for(lim, P) * 1e6  # no library can be faster
         summ.append(s)
     # ratios label/peer per (P, collective, size), all from this run
     idx = {(s["label"], s["P"], s["collective"], s["size"]): s for s in summ}
@@ -176,6 +177,17 @@ def markdown(summ, lim, meta, oversub):
             fr = {(s["label"], s["size"]): s["frac_limit"] for s in big}
             out += _table(["label"] + [human(z) for z in bsz], [[lb] + [
                 f"{fr[lb, z]:.1%}" if (lb, z) in fr else "-" for z in bsz] for lb in present])
+            # the limit as a time, and the largest speedup over each peer it leaves room for
+            bound = {s["size"]: s["bound_us"] for s in big}
+            out += ["", "What the limit allows: the least time (least bytes / B, us) and the "
+                    "largest speedup over each peer any library could show in this run:", ""]
+            rows = [["least time"] + [_fmt(bound[z]) for z in bsz]]
+            for p in PEERS:
+                if p in present:
+                    rows.append([f"max speedup over {p}"] + [
+                        f"{by[p, z]['avg_us'] / bound[z]:.2f}x" if (p, z) in by else "-"
+                        for z in bsz])
+            out += _table(["", *[human(z) for z in bsz]], rows)
         out.append("")
     if oversub:
         out += ["## Oversubscribed: 8-byte allreduce, more ranks than cores", "",
