@@ -65,9 +65,11 @@ _WIDEN = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: tor
 # ---- Work ----------------------------------------------------------------------------------------
 
 class Work(dist._Work):
-    """A collective of this backend. wait() blocks until it is done (raising its error; the
-    timeout argument is not used: HBMCOLL_TIMEOUT bounds every wait); get_future() gives a
-    torch Future whose value is the list of output tensors."""
+    """A collective of this backend. wait() blocks until it is done, raising its error;
+    wait(timeout) (a timedelta or seconds; 0 or None: no limit) raises hbmcoll.TimeoutError, a
+    RuntimeError, if it is not done by then, and the collective stays in flight (wait again);
+    HBMCOLL_TIMEOUT bounds every wait in any case. get_future() gives a torch Future whose
+    value is the list of output tensors."""
 
     def __init__(self, req, finish, result, pg=None):
         super().__init__()
@@ -109,6 +111,10 @@ class Work(dist._Work):
             self._fut.set_exception(exc)
 
     def wait(self, timeout=None):
+        s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        req = self._req
+        if s and s > 0 and req is not None and not self._done:
+            req.wait(s)           # not done in time: hbmcoll.TimeoutError, still in flight
         self._complete()
         if self._exc is not None:
             raise self._exc

@@ -619,6 +619,38 @@ def test_dead_rank_raises(run_ranks, mode):
             assert v["exc"] == "PeerLostError", v  # hbmcoll's own exception from dist.*
 
 
+def rank_wait_timeout(comm, port):
+    """Rank 1 joins an async all_reduce 1.5 s late: rank 0's work.wait(timedelta(0.2 s)) must
+    raise TimeoutError while the collective stays in flight, and a second wait() must then
+    give the right sum; the communicator keeps working after it."""
+    import datetime
+
+    dist, _ = _init(comm, port)
+    import hbmcoll
+
+    r = dist.get_rank()
+    x = torch.full((1000,), float(r + 1))
+    if r == 1:
+        time.sleep(1.5)
+    w = dist.all_reduce(x, async_op=True)
+    timed_out = False
+    if r == 0:
+        try:
+            w.wait(datetime.timedelta(seconds=0.2))
+        except hbmcoll.TimeoutError:
+            timed_out = True
+    w.wait()
+    y = torch.ones(4)
+    dist.all_reduce(y)
+    return timed_out, float(x[0]), float(y[0])
+
+
+def test_work_wait_timeout(run_ranks):
+    res = run_ranks(2, rank_wait_timeout, free_port(), timeout=120,
+                    env={"HBMCOLL_TORCH_INLINE": "0"})
+    assert res == [(True, 3.0, 2.0), (False, 3.0, 2.0)]
+
+
 # ---- the example under both launchers ----------------------------------------------------------------
 
 def _launch_env():
