@@ -28,6 +28,7 @@ import types
 import numpy as np
 import tensorflow as tf
 
+from . import _horovod_job
 from . import comm as _comm_mod
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -39,7 +40,6 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
 Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
 Adasum = "adasum"
 
-_comm = None
 _NATIVE = {np.dtype(t) for t in ("int8", "uint8", "int32", "int64", "float16", "float32",
                                   "float64")}
 _BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
@@ -47,58 +47,10 @@ _BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 
 # ---- the job -------------------------------------------------------------------------------------
 
-def init(comm=None):
-    """Join the job (idempotent): hbmcoll.init() from the launcher's environment (hbmcoll-run,
-    torchrun, mpiexec, srun), or the given hbmcoll Communicator."""
-    global _comm
-    if comm is not None:
-        _comm = comm
-    elif _comm is None or _comm.closed:
-        _comm = _comm_mod.init()
-    return _comm
-
-
-def _c():
-    if _comm is None:
-        raise ValueError("hbmcoll.tensorflow has not been initialised: call hvd.init() first")
-    return _comm
-
-
-def shutdown():
-    global _comm
-    c, _comm = _comm, None
-    if c is not None:
-        c.close()
-
-
-def is_initialized():
-    return _comm is not None and not _comm.closed
-
-
-def rank():
-    return _c().rank
-
-
-def size():
-    return _c().size
-
-
-def local_rank():
-    return _c().local_rank
-
-
-def local_size():
-    return _c().local_size
-
-
-def barrier():
-    _c().barrier()
-
-
-def join():
-    """Every rank must run the same collectives here, so join() is a barrier."""
-    _c().barrier()
-    return size() - 1
+_job = _horovod_job.Job("hbmcoll.tensorflow", _comm_mod.init)
+init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
+rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
+barrier, join, _c = _job.barrier, _job.join, _job.get
 
 
 def _op_of(average, op):

@@ -32,6 +32,7 @@ import numpy as _np
 import torch
 import torch.distributed as dist
 
+from . import _horovod_job
 from . import comm as _comm_mod
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
@@ -50,77 +51,29 @@ Adasum = "adasum"
 _REDOP = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
           "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 
-_comm = None
+
+def _dist_comm():
+    """The communicator of torch.distributed's default group if that is an hbmcoll one."""
+    if dist.is_available() and dist.is_initialized():
+        pg = dist.distributed_c10d._get_default_group()
+        if isinstance(pg, ProcessGroupHbmcoll):
+            return pg.comm
+    return None
 
 
 # ---- the job -------------------------------------------------------------------------------------
 
-def init(comm=None):
-    """Join the job (idempotent). Uses, in this order: `comm` if given (an hbmcoll
-    Communicator), the communicator of torch.distributed's default group when that group is
-    an hbmcoll one, else hbmcoll.init() from the launcher's environment."""
-    global _comm
-    if comm is not None:
-        _comm = comm
-    elif _comm is None or _comm.closed:
-        pg = None
-        if dist.is_available() and dist.is_initialized():
-            pg = dist.distributed_c10d._get_default_group()
-        if isinstance(pg, ProcessGroupHbmcoll):
-            _comm = pg.comm
-        else:
-            _comm = _comm_mod.init()
-    return _comm
+# init() takes torch.distributed's communicator when there is one (and shutdown() leaves it
+# open), else makes its own from the launcher's environment
+def _default_comm():
+    c = _dist_comm()
+    return _comm_mod.init() if c is None else c
 
 
-def _c():
-    if _comm is None:
-        raise ValueError("hbmcoll.torch has not been initialised: call hbmcoll.torch.init() first")
-    return _comm
-
-
-def is_initialized():
-    return _comm is not None and not _comm.closed
-
-
-def shutdown():
-    """Leave the job: close the communicator made by init() (not torch.distributed's)."""
-    global _comm
-    c, _comm = _comm, None
-    if c is None:
-        return
-    if dist.is_available() and dist.is_initialized():
-        pg = dist.distributed_c10d._get_default_group()
-        if isinstance(pg, ProcessGroupHbmcoll) and pg.comm is c:
-            return
-    c.close()
-
-
-def rank():
-    return _c().rank
-
-
-def size():
-    return _c().size
-
-
-def local_rank():
-    return _c().local_rank
-
-
-def local_size():
-    return _c().local_size
-
-
-def barrier():
-    _c().barrier()
-
-
-def join():
-    """Horovod's join() for ranks that ran out of data: here every rank must call the same
-    collectives, so this is a barrier (returns the last rank, as Horovod does)."""
-    _c().barrier()
-    return size() - 1
+_job = _horovod_job.Job("hbmcoll.torch", _default_comm, owned=lambda comm: comm is not _dist_comm())
+init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
+rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
+barrier, join, _c = _job.barrier, _job.join, _job.get
 
 
 # ---- tensor collectives --------------------------------------------------------------------------

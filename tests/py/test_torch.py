@@ -645,6 +645,36 @@ def rank_wait_timeout(comm, port):
     return timed_out, float(x[0]), float(y[0])
 
 
+def rank_horovod_job(comm, port):
+    """hvd.init() takes torch.distributed's hbmcoll communicator and hvd.shutdown() leaves it
+    open; a communicator handed to hvd.init(comm) is closed by shutdown()."""
+    dist, _ = _init(comm, port)
+    import hbmcoll.torch as hvd
+
+    c = hvd.init()
+    out = [c is dist.distributed_c10d._get_default_group().comm, hvd.rank(), hvd.size(),
+           hvd.join()]
+    hvd.shutdown()
+    x = torch.ones(3)
+    dist.all_reduce(x)                       # still open
+    out += [hvd.is_initialized(), float(x[0])]
+    sub = comm.split(0)
+    hvd.init(sub)
+    hvd.barrier()
+    hvd.shutdown()
+    out.append(sub.closed)
+    try:
+        hvd.rank()
+    except ValueError:
+        out.append("not initialised")
+    return out
+
+
+def test_horovod_job(run_ranks):
+    assert run_ranks(2, rank_horovod_job, free_port(), timeout=120) == [
+        [True, r, 2, 1, False, 2.0, True, "not initialised"] for r in (0, 1)]
+
+
 def test_work_wait_timeout(run_ranks):
     res = run_ranks(2, rank_wait_timeout, free_port(), timeout=120,
                     env={"HBMCOLL_TORCH_INLINE": "0"})

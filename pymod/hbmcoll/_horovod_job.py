@@ -1,0 +1,60 @@
+"""Horovod's job functions (init, shutdown, rank, size, barrier, ...) over one hbmcoll
+communicator, shared by hbmcoll.torch and hbmcoll.tensorflow: each module makes one Job and
+exports its bound methods under Horovod's names."""
+
+
+class Job:
+    """The communicator behind a module's hvd.* functions.
+
+    `default` makes the communicator when init() is given none; `owned(comm)` says whether
+    shutdown() may close it (hbmcoll.torch does not close torch.distributed's)."""
+
+    def __init__(self, module, default, owned=lambda comm: True):
+        self._module = module
+        self._default = default
+        self._owned = owned
+        self.comm = None
+
+    def init(self, comm=None):
+        """Join the job (idempotent): the given hbmcoll Communicator, else one made from the
+        launcher's environment (hbmcoll-run, torchrun, mpiexec, srun)."""
+        if comm is not None:
+            self.comm = comm
+        elif self.comm is None or self.comm.closed:
+            self.comm = self._default()
+        return self.comm
+
+    def get(self):
+        if self.comm is None:
+            raise ValueError(f"{self._module} has not been initialised: call init() first")
+        return self.comm
+
+    def is_initialized(self):
+        return self.comm is not None and not self.comm.closed
+
+    def shutdown(self):
+        """Leave the job: close the communicator init() made or was given."""
+        c, self.comm = self.comm, None
+        if c is not None and self._owned(c):
+            c.close()
+
+    def rank(self):
+        return self.get().rank
+
+    def size(self):
+        return self.get().size
+
+    def local_rank(self):
+        return self.get().local_rank
+
+    def local_size(self):
+        return self.get().local_size
+
+    def barrier(self):
+        self.get().barrier()
+
+    def join(self):
+        """Horovod's join() for ranks that ran out of data: here every rank must call the same
+        collectives, so this is a barrier (returns the last rank, as Horovod does)."""
+        self.get().barrier()
+        return self.get().size - 1
