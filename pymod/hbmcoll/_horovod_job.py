@@ -1,6 +1,23 @@
-"""Horovod's job functions (init, shutdown, rank, size, barrier, ...) over one hbmcoll
-communicator, shared by hbmcoll.torch and hbmcoll.tensorflow: each module makes one Job and
-exports its bound methods under Horovod's names."""
+"""What hbmcoll.torch and hbmcoll.tensorflow share of Horovod's API: the op names, their
+check, and the job functions (init, shutdown, rank, size, barrier, ...) over one hbmcoll
+communicator; each module makes one Job and exports its bound methods under Horovod's names."""
+
+# Horovod's op names (hbmcoll's op strings)
+Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
+Adasum = "adasum"
+
+
+def op_of(average, op):
+    """The op of a Horovod call from its op= and deprecated average= arguments."""
+    if op is None:
+        op = Average if average is None or average else Sum
+    elif average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if op == Adasum:
+        raise ValueError("hbmcoll does not implement Adasum; use Average or Sum")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
+    return op
 
 
 class Job:

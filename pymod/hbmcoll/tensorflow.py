@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _horovod_job
+from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import comm as _comm_mod
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -37,8 +38,6 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "DistributedOptimizer", "callbacks", "Average", "Sum", "Min", "Max", "Product",
            "Adasum"]
 
-Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
-Adasum = "adasum"
 
 _NATIVE = {np.dtype(t) for t in ("int8", "uint8", "int32", "int64", "float16", "float32",
                                   "float64")}
@@ -53,16 +52,7 @@ rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job
 barrier, join, _c = _job.barrier, _job.join, _job.get
 
 
-def _op_of(average, op):
-    if op is None:
-        op = Average if average is None or average else Sum
-    elif average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if op == Adasum:
-        raise ValueError("hbmcoll does not implement Adasum; use Average or Sum")
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
-    return op
+_op_of = _horovod_job.op_of
 
 
 # ---- NumPy level: what runs eagerly or inside tf.numpy_function ------------------------------------

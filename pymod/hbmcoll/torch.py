@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from . import _horovod_job
+from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import comm as _comm_mod
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
@@ -45,9 +46,6 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "Average", "Sum", "Min", "Max", "Product", "Adasum",
            "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register"]
 
-# Horovod's op names
-Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
-Adasum = "adasum"
 _REDOP = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
           "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 
@@ -78,16 +76,7 @@ barrier, join, _c = _job.barrier, _job.join, _job.get
 
 # ---- tensor collectives --------------------------------------------------------------------------
 
-def _op_of(average, op):
-    if op is None:
-        op = Average if average is None or average else Sum
-    elif average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if op == Adasum:
-        raise ValueError("hbmcoll does not implement Adasum; use Average or Sum")
-    if op not in _REDOP:
-        raise ValueError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
-    return op
+_op_of = _horovod_job.op_of
 
 
 def _check_cpu(t, what):
