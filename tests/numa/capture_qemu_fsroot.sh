@@ -2,7 +2,7 @@
 # tests/numa/capture_qemu_fsroot.sh - make an HWLOC_FSROOT fixture from a QEMU guest.
 #
 #   tests/numa/capture_qemu_fsroot.sh MODE OUT.tar.bz2     (from the repository root)
-#   MODE: snc4-hybrid (the only layout kept as a fixture so far)
+#   MODE: any layout of tests/emulation/knl_qemu.sh (only snc4-hybrid is kept as a fixture so far)
 #
 # Boots Debian's kernel (the one tests/emulation/run.sh caches in $KNL_KERNEL_DIR,
 # default /var/tmp/hbmcoll-knl-kernel) with the NUMA/HMAT layout run.sh builds for
@@ -13,7 +13,7 @@
 # holding that one directory). tests/numa/fixtures/qemu-knl-snc4-hybrid.tar.bz2 was
 # made so: a KNL CPUID (family 6 model 87) with memory-side caches that only sysfs
 # shows, since hwloc 2.9's KNL quirk creates no MemCache without the SMBIOS dump.
-# The guest layout is a copy of run.sh's snc4-hybrid: keep the two in step.
+# The guest layouts are the emulation stage's own (tests/emulation/knl_qemu.sh).
 # Needs qemu-system-x86, busybox-static, cpio (what run.sh installs); ~1 min (TCG).
 set -euo pipefail
 mode=${1:?mode}; out=${2:?output .tar.bz2}
@@ -49,32 +49,11 @@ poweroff -f
 INIT
 chmod +x "$work/stage/init"
 (cd "$work/stage" && find . | cpio -o -H newc --quiet | gzip -1) >"$work/initrd"
-knl_cpu="qemu64,vendor=GenuineIntel,family=6,model=87,stepping=1,l3-cache=off"
 a=(-machine pc,hmat=on -accel tcg -m 1536M -nographic -no-reboot -nodefaults -serial stdio
    -kernel "$kernel" -initrd "$work/initrd" -append "console=ttyS0 quiet panic=-1")
-lb() { a+=(-numa "hmat-lb,initiator=$1,target=$2,hierarchy=${5:-memory},data-type=access-bandwidth,bandwidth=$3"
-           -numa "hmat-lb,initiator=$1,target=$2,hierarchy=${5:-memory},data-type=access-latency,latency=$4"); }
-case "$mode" in
-  snc4-hybrid) # as tests/emulation/run.sh: 4 DDR+CPU nodes, 4 memory-only MCDRAM nodes, caches
-    a+=(-cpu "$knl_cpu" -smp 4,sockets=1,cores=4,threads=1)
-    for i in 0 1 2 3; do a+=(-object "memory-backend-ram,size=256M,id=ddr$i" -numa "node,nodeid=$i,memdev=ddr$i"); done
-    for i in 0 1 2 3; do a+=(-object "memory-backend-ram,size=128M,id=hbm$i" -numa "node,nodeid=$((4 + i)),memdev=hbm$i,initiator=$i"); done
-    for c in 0 1 2 3; do a+=(-numa "cpu,node-id=$c,socket-id=0,core-id=$c,thread-id=0"); done
-    for s in 0 1 2 3 4 5 6 7; do for d in 0 1 2 3 4 5 6 7; do
-      [ "$s" -lt "$d" ] || continue
-      if [ "$d" -lt 4 ]; then v=21; elif [ "$s" -lt 4 ] && [ "$d" -eq $((s + 4)) ]; then v=31; else v=41; fi
-      a+=(-numa "dist,src=$s,dst=$d,val=$v")
-    done; done
-    for i in 0 1 2 3; do for t in 0 1 2 3 4 5 6 7; do
-      if [ "$t" -eq "$i" ]; then lb "$i" "$t" 90G 130; elif [ "$t" -eq $((i + 4)) ]; then lb "$i" "$t" 400G 150
-      elif [ "$t" -lt 4 ]; then lb "$i" "$t" 30G 200; else lb "$i" "$t" 40G 250; fi
-    done; done
-    for i in 0 1 2 3; do
-      lb "$i" "$i" 400G 150 first-level
-      a+=(-numa "hmat-cache,node-id=$i,size=8M,level=1,associativity=direct,policy=write-back,line=64")
-    done ;;
-  *) echo "capture_qemu_fsroot.sh: unknown mode $mode" >&2; exit 2 ;;
-esac
+# shellcheck source=tests/emulation/knl_qemu.sh
+. "$(dirname "$0")/../emulation/knl_qemu.sh"
+knl_numa "$mode" 4 || { echo "capture_qemu_fsroot.sh: unknown mode $mode" >&2; exit 2; }
 timeout 600 qemu-system-x86_64 "${a[@]}" </dev/null | tr -d '\r' >"$work/console"
 sed -n '/CAPTURE-BEGIN$/,/^CAPTURE-END$/p' "$work/console" | sed '1d;$d' | base64 -d | gunzip >"$work/fs.tar"
 mkdir "$work/x" && tar -C "$work/x" -xf "$work/fs.tar"
