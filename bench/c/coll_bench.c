@@ -2,16 +2,18 @@
  * coll_bench.c - the C path alone, for profiling and tuning (no Python, no launcher).
  *
  *   build/coll_bench [-n ranks] [-c allreduce|bcast|gather|reduce|allgather] [-s bytes]
- *                    [-i iters] [-w warmup] [-b rotating buffers] [-a algo] [-z]
+ *                    [-i iters] [-w warmup] [-b rotating buffers] [-a algo] [-z] [-u]
  *
  * Forks the ranks, builds one communicator, runs the OSU loop (barrier, warm-up, timed loop)
  * with float32 data that changes every iteration, checks the last result, and prints the
  * mean microseconds per call on rank 0 (the max over ranks). -z puts the buffers in the
- * arena (hbmcoll.empty). `make bench-c ARGS=...` builds it with the extension's flags.
+ * arena (hbmcoll.empty). Rank r is pinned to the r-th allowed CPU (round robin), as the
+ * Python launcher's placement does; -u leaves the ranks unpinned. `make bench-c ARGS=...` builds it with the extension's flags.
  * `make bench-c-profile` runs one rank under callgrind: an instruction count of the call
  * path that repeats exactly whatever else the machine does (with more ranks the count
  * would include the spinning waits, which depend on timing).
  */
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,7 @@
 #include "coll.h"
 
 typedef struct {
-  int P, iters, warm, nbuf, zc;
+  int P, iters, warm, nbuf, zc, unpinned;
   size_t bytes;
   coll_kind_t kind;
   const char *algo;
@@ -57,8 +59,23 @@ static void *buf_alloc(coll_comm_t *c, const opts_t *o, size_t bytes) {
   return p;
 }
 
+/* Pins the calling rank to the (rank mod n)-th CPU it is allowed to run on. */
+static void pin_rank(int rank) {
+  cpu_set_t allowed, one;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  int n = CPU_COUNT(&allowed), want = rank % n;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &allowed) && want-- == 0) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      sched_setaffinity(0, sizeof one, &one);
+      return;
+    }
+}
+
 /* Runs one rank; returns its seconds per call (negative on failure). */
 static double rank_main(int rank, const opts_t *o, const char *key) {
+  if (!o->unpinned) pin_rank(rank);
   coll_comm_config_t cfg = {.rank = rank, .size = o->P, .job_key = key, .timeout_s = 30};
   coll_comm_t *c;
   int rc = coll_comm_create(&cfg, &c);
@@ -109,7 +126,7 @@ static double rank_main(int rank, const opts_t *o, const char *key) {
 int main(int argc, char **argv) {
   opts_t o = {.P = 2, .iters = 0, .warm = -1, .nbuf = 16, .bytes = 65536, .kind = COLL_ALLREDUCE};
   int ch;
-  while ((ch = getopt(argc, argv, "n:c:s:i:w:b:a:z")) != -1) {
+  while ((ch = getopt(argc, argv, "n:c:s:i:w:b:a:zu")) != -1) {
     switch (ch) {
     case 'n': o.P = atoi(optarg); break;
     case 'c': o.kind = parse_kind(optarg); break;
@@ -119,6 +136,7 @@ int main(int argc, char **argv) {
     case 'b': o.nbuf = atoi(optarg); break;
     case 'a': o.algo = optarg; break;
     case 'z': o.zc = 1; break;
+    case 'u': o.unpinned = 1; break;
     default: return 2;
     }
   }

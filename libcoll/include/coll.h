@@ -174,7 +174,10 @@ typedef enum {
  *  allreduce:      send[count] -> recv[count]
  *  reduce_scatter: send[size*count] -> recv[count]
  *  alltoall:       send[size*count] -> recv[size*count]
- * send == recv means in place (where the shapes allow it). */
+ * send == recv means in place (where the shapes allow it); so do my block of
+ * recv as send (gather, allgather) and my block of send as recv (scatter,
+ * reduce_scatter). Any other overlap of send and recv is allowed and costs a
+ * private copy of send. */
 typedef struct {
   coll_kind_t kind;
   coll_dtype_t dtype;

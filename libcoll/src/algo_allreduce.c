@@ -111,7 +111,9 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
   if (all) {
     soff = coll__arena_offset(c, send, nbytes);
     roff = coll__arena_offset(c, recv, nbytes);
-    if (!soff || !roff) soff = roff = 0;
+    /* a partly overlapping send and recv would let a slice owner overwrite
+     * input another rank still has to read */
+    if (!soff || !roff || (send != recv && ar_overlap(send, recv, nbytes))) soff = roff = 0;
   }
   int zc = soff != 0;
   const void *in[P];

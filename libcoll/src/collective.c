@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -102,9 +103,7 @@ int coll__check_args(const coll_comm_t *c, const coll_args_t *a) {
   return 0;
 }
 
-int coll__execute(coll_comm_t *c, const coll_args_t *a) {
-  int rc = coll__aborted(c);
-  if (rc) return rc;
+static int coll_dispatch(coll_comm_t *c, const coll_args_t *a) {
   switch (a->kind) {
   case COLL_BARRIER: return coll__barrier(c, a);
   case COLL_BCAST: return coll__bcast(c, a);
@@ -117,6 +116,17 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a) {
   case COLL_ALLTOALL: return coll__alltoall(c, a);
   default: return COLL_EBADARG;
   }
+}
+
+int coll__execute(coll_comm_t *c, const coll_args_t *a) {
+  int rc = coll__aborted(c);
+  if (rc) return rc;
+  coll_args_t safe;
+  void *copy;
+  if ((rc = coll__unalias(c, a, &safe, &copy)) < 0) return rc;
+  rc = coll_dispatch(c, rc ? &safe : a);
+  free(copy);
+  return rc;
 }
 
 int coll_run(coll_comm_t *c, const coll_args_t *a) {

@@ -78,7 +78,7 @@ typedef struct {
   size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
-  int cma;                  /* single copy allowed (HBMCOLL_CMA, default 1) */
+  int cma;                  /* single copy allowed (HBMCOLL_CMA, default 0) */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
 } coll__params_t;
 
@@ -196,6 +196,10 @@ static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; 
 /* Compare a peer's descriptor (it has arrived at the collective's first round). */
 int coll__validate(coll_comm_t *c, int peer);
 int coll__execute(coll_comm_t *c, const coll_args_t *a);
+/* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
+ * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
+ * is returned; 0: nothing to do; -ENOMEM. */
+int coll__unalias(const coll_comm_t *c, const coll_args_t *a, coll_args_t *safe, void **copy);
 
 /* ---- algorithms: algo_*.c (0 or negative code) ---- */
 int coll__barrier(coll_comm_t *c, const coll_args_t *a);

@@ -590,6 +590,85 @@ def test_arena_buffers(run_ranks, P):
     run_ranks(P, arena_rank, timeout=300)
 
 
+# ---- send and receive buffers that overlap -----------------------------------------------------
+
+def overlap_rank(comm):
+    """Views of one array as send and out, shifted by a few elements, by more than a staging
+    slot, by half the message: the result must be what separate buffers give (a private copy
+    of send is taken for any overlap that is not an in-place form). Ordinary and arena arrays,
+    blocking and nonblocking."""
+    P, me = comm.size, comm.rank
+    chk = Checker(comm)
+    root = P - 1
+
+    def data(r, n):
+        return (np.arange(n, dtype=np.int64) * 7 + 1000 * r).astype(np.int32)
+
+    def views(kind, n, ns, nr, shift):
+        """send (ns elements) and out (nr elements) in one array, out = send + shift."""
+        size = max(ns, nr) + abs(shift)
+        base = comm.empty(size, "int32") if kind == "arena" else np.zeros(size, np.int32)
+        s0, r0 = (0, shift) if shift >= 0 else (-shift, 0)
+        return base[s0:s0 + ns], base[r0:r0 + nr]
+
+    for kind in ("numpy", "arena"):
+        for n in (1001, 2 * (SLOT // 4) + 5):
+            for shift in (3, -3, n // 2, -(n // 2), SLOT // 4 * 3 // 2 + 1):
+                tag = f"{kind} n={n} shift={shift}"
+                ins = [data(r, n) for r in range(P)]
+                total = np.sum(np.stack(ins).astype(np.int64), axis=0).astype(np.int32)
+                for blocking in (True, False):
+                    send, out = views(kind, n, n, n, shift)
+                    send[:] = ins[me]
+                    if blocking:
+                        comm.allreduce(send, out=out)
+                    else:
+                        comm.iallreduce(send, out=out).wait()
+                    chk.same(out, total, None, f"allreduce {tag} blocking={blocking}")
+                send, out = views(kind, n, n, n, shift)
+                send[:] = ins[me]
+                comm.reduce(send, root=root, out=out if me == root else None)
+                if me == root:
+                    chk.same(out, total, None, f"reduce {tag}")
+
+                wide = [data(r, P * n) for r in range(P)]
+                for shift_w in (shift, P * n // 2 + 1):
+                    tag = f"{kind} n={n} shift={shift_w}"
+                    send, out = views(kind, n, n, P * n, shift_w)
+                    send[:] = ins[me]
+                    comm.allgather(send, out=out.reshape(P, n))
+                    chk.same(out, np.concatenate(ins), None, f"allgather {tag}")
+                    send, out = views(kind, n, n, P * n, shift_w)
+                    send[:] = ins[me]
+                    comm.gather(send, root=root, out=out.reshape(P, n) if me == root else None)
+                    if me == root:
+                        chk.same(out, np.concatenate(ins), None, f"gather {tag}")
+                    send, out = views(kind, n, P * n, n, -shift_w)
+                    send[:] = wide[me]
+                    if me == root:
+                        comm.scatter(send.reshape(P, n), root=root, out=out)
+                    else:
+                        comm.scatter(None, root=root, out=out)
+                    chk.same(out, wide[root][me * n:(me + 1) * n], None, f"scatter {tag}")
+                    send, out = views(kind, n, P * n, n, -shift_w)
+                    send[:] = wide[me]
+                    comm.reduce_scatter(send.reshape(P, n), out=out)
+                    want = np.sum(np.stack(wide).astype(np.int64), axis=0).astype(np.int32)
+                    chk.same(out, want[me * n:(me + 1) * n], None, f"reduce_scatter {tag}")
+                    send, out = views(kind, n, P * n, P * n, shift_w)
+                    send[:] = wide[me]
+                    comm.alltoall(send.reshape(P, n), out=out.reshape(P, n))
+                    want = np.concatenate([wide[q][me * n:(me + 1) * n] for q in range(P)])
+                    chk.same(out, want, None, f"alltoall {tag}")
+    return chk.done()
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_overlapping_buffers(run_ranks, P):
+    checked = run_ranks(P, overlap_rank, timeout=300)
+    assert all(c > 100 for c in checked)
+
+
 # ---- sub-communicators ------------------------------------------------------------------------
 
 def split_rank(comm):
