@@ -26,6 +26,14 @@
  * the output (peers would otherwise read what the owner is overwriting);
  * rsag is safe in place because slice owners only ever write their own slice.
  *
+ * Push: when every rank's input and output are in the arena and the message
+ * is at least HBMCOLL_STREAM_MIN (far larger than the caches), rank r reduces
+ * slice r of the whole message, block by block into an L1 scratch, and writes
+ * each block into every rank's output with streaming stores: one read of each
+ * input and one write of each output, no read for ownership, no second copy
+ * (2 ranks, 16 MiB: see bench/README.md). Below that size, ordinary stores
+ * and rsag's reads from a peer's cache are faster.
+ *
  * Empty messages still take one round, so disagreements are always caught.
  */
 #include <string.h>
@@ -99,6 +107,34 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a) {
   return zoff && all ? coll__wait_all_done(c, last) : 0;
 }
 
+enum { AR_PUSH_BLOCK = 4096 }; /* bytes of scratch: stays in L1 between reduce and copies */
+
+static int ar_all_in_arena(coll_comm_t *c) {
+  for (int q = 0; q < c->size; q++)
+    if (!coll__desc(c, q)->send_off || !coll__desc(c, q)->recv_off) return 0;
+  return 1;
+}
+
+static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
+  size_t es = coll_dtype_size(a->dtype), BE = AR_PUSH_BLOCK / es;
+  int me = c->rank, P = c->size;
+  size_t lo = ar_slice(me, P, a->count), hi = ar_slice(me + 1, P, a->count);
+  _Alignas(64) uint8_t scratch[AR_PUSH_BLOCK];
+  const void *blk[P];
+  for (size_t i = lo; i < hi; i += BE) {
+    size_t n = coll__min(BE, hi - i);
+    for (int q = 0; q < P; q++) blk[q] = c->base + coll__desc(c, q)->send_off + i * es;
+    coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, n, (size_t)P);
+    for (int k = 0; k < P; k++) { /* mine, then the next ranks: staggered, not all into rank 0 at once */
+      int q = (me + k) % P;
+      coll__copy_stream(c->base + coll__desc(c, q)->recv_off + i * es, scratch, n * es);
+    }
+  }
+  coll__publish_done(c, t0); /* after the copies' store fence */
+  c->round = t0;
+  return coll__wait_all_done(c, t0); /* every slice of my output is written */
+}
+
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
   size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
   size_t CE = c->hdr->slot_bytes / es;
@@ -134,6 +170,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     if (k < K && !zc) coll__slot_release(c, p, t + 1, -1);
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
     if (rc) return rc;
+    if (k == 0 && zc && nbytes >= c->hdr->stream_min && ar_all_in_arena(c)) return ar_push(c, a, t0);
     if (k < K) { /* reduce my slice of chunk k; my own part straight from send */
       for (int q = 0; q < P; q++) {
         uint64_t qoff = coll__desc(c, q)->send_off;

@@ -34,6 +34,7 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   size_t arena_off = h->slot_off + (size_t)size * 2 * h->slot_bytes;
   h->arena_off = COMM_ALIGN(arena_off, (size_t)2 << 20); /* huge-page friendly */
   h->arena_bytes = p->arena_bytes;
+  h->stream_min = p->stream_min;
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
 }
 

@@ -63,6 +63,7 @@ typedef struct {
   int32_t size;
   int32_t pad;
   uint64_t ctl_off, slot_off, slot_bytes, arena_off, arena_bytes, total_bytes;
+  uint64_t stream_min; /* creator's HBMCOLL_STREAM_MIN: the same on every rank */
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;
@@ -76,6 +77,7 @@ typedef struct {
   size_t slot_bytes;        /* per rank per parity */
   size_t arena_bytes;       /* per rank */
   size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
+  size_t stream_min;        /* allreduce: arena buffers pushed with streaming stores from here */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
   int cma;                  /* single copy allowed (HBMCOLL_CMA, default 0) */
@@ -196,6 +198,9 @@ static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; 
 /* Compare a peer's descriptor (it has arrived at the collective's first round). */
 int coll__validate(coll_comm_t *c, int peer);
 int coll__execute(coll_comm_t *c, const coll_args_t *a);
+/* stream_copy.c: memcpy with non-temporal stores, fenced (plain memcpy where
+ * the CPU has none); for results far larger than the caches. */
+void coll__copy_stream(void *dst, const void *src, size_t n);
 /* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
  * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
  * is returned; 0: nothing to do; -ENOMEM. */

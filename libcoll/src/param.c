@@ -5,6 +5,9 @@
  *   HBMCOLL_SLOT_BYTES   staging bytes per rank and parity (default 256 KiB)
  *   HBMCOLL_ARENA_BYTES  zero-copy arena per rank, virtual (default 1 GiB)
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB)
+ *   HBMCOLL_STREAM_MIN   allreduce with every buffer in the arena: from this size each rank
+ *                        writes its reduced slice into every output with streaming stores
+ *                        (default 4 MiB; the creating rank's value holds for all)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
@@ -88,6 +91,7 @@ void coll__params_load(coll__params_t *p) {
   p->slot_bytes = param_size("HBMCOLL_SLOT_BYTES", 256 << 10, 4096) & ~(size_t)4095;
   p->arena_bytes = param_size("HBMCOLL_ARENA_BYTES", (size_t)1 << 30, 0) & ~(size_t)4095;
   p->small_max = param_size("HBMCOLL_SMALL_MAX", 16 << 10, 0);
+  p->stream_min = param_size("HBMCOLL_STREAM_MIN", 4 << 20, 0);
   const char *spin = getenv("HBMCOLL_SPIN");
   p->spin_iters = (spin && *spin) ? strtol(spin, NULL, 10) : -1;
   param_algo_list(p, getenv("HBMCOLL_ALGO"));

@@ -917,6 +917,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
+  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", NULL};
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
   static const int yes = 1, no = 0;
@@ -931,6 +932,7 @@ int main(int argc, char **argv) {
       spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
     if (CASE("arena slot=4096")) spawn("arena slot=4096", P, 600, small_slots, rank_arena, NULL);
+    if (CASE("arena push from 0 B")) spawn("arena push from 0 B", P, 600, push_always, rank_arena, NULL);
     if (P > 1 && CASE("arena reduce then other comm"))
       spawn("arena reduce then other comm", P, 60, timeout10, rank_arena_reduce_then_other, NULL);
     if (CASE("requests")) spawn("requests", P, 300, NULL, rank_requests, NULL);

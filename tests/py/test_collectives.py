@@ -485,6 +485,8 @@ def large_allreduce_rank(comm, count):
     out = comm.empty(count, "float32")
     comm.allreduce(src, out=out)
     assert np.array_equal(out, want), f"arena: {np.count_nonzero(out != want)} wrong"
+    comm.allreduce(src)  # in place in the arena: ranks write their slice into every output
+    assert np.array_equal(src, want), f"arena in place: {np.count_nonzero(src != want)} wrong"
     return a.nbytes
 
 
