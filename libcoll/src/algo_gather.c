@@ -12,6 +12,14 @@
  * ever). Non-roots finish by waiting for the root's last `done`: so they learn
  * of a disagreement the root found, and never return while the root still reads.
  * The root's own part is a local copy.
+ *
+ * Push: when the root's output lies in the shared arena (hbmcoll.empty) and
+ * the message takes more than one chunk, its descriptor says where
+ * (recv_off). Chunk 0 still goes through the slots (staged before anyone
+ * knows), and the root's `done` for it, published only after it compared
+ * every descriptor, is the "go": each other rank then copies the rest of its
+ * part straight into the root's output and says so with one arrival (t0+1).
+ * The copying is shared by all cores instead of done by the root alone.
  */
 #include <string.h>
 
@@ -80,7 +88,8 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc;
   const uint8_t *send = a->send;
-  uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, 0);
+  uint64_t push = me == root && K > 1 ? coll__arena_offset(c, a->recv, nbytes * (size_t)c->size) : 0;
+  uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, push);
 
   if (me != root) {
     for (uint64_t k = 0; k < K; k++) {
@@ -92,6 +101,15 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       coll__publish_arrive(c, t);
       coll__slot_release(c, p, t, root);
       if (k == 0 && (rc = coll__meet(c, root, t0)) != 0) return rc;
+      if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
+        if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
+        uint8_t *dst = c->base + push + (size_t)me * nbytes + chunk;
+        if (nbytes >= c->hdr->stream_min) coll__copy_stream(dst, send + chunk, nbytes - chunk);
+        else memcpy(dst, send + chunk, nbytes - chunk);
+        coll__publish_arrive(c, t0 + 1);
+        c->round = t0 + 1;
+        return 0;
+      }
     }
     c->round = t0 + K - 1;
     if ((rc = coll__wait_done(c, root, t0 + K - 1)) != 0) return rc;
@@ -100,7 +118,12 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
 
   coll__publish_arrive(c, t0);
   uint8_t *recv = a->recv;
-  if (nbytes && recv + (size_t)me * nbytes != send) memmove(recv + (size_t)me * nbytes, send, nbytes);
+  /* my own part; send is this block of recv or apart from it (aliasing.c) */
+  int stream = nbytes >= c->hdr->stream_min;
+  if (nbytes && recv + (size_t)me * nbytes != send) {
+    if (nbytes >= c->hdr->stream_min) coll__copy_stream(recv + (size_t)me * nbytes, send, nbytes);
+    else memcpy(recv + (size_t)me * nbytes, send, nbytes);
+  }
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
@@ -108,9 +131,16 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       int q = (me + i) % c->size;
       rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
       if (rc) return rc;
-      if (len) memcpy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
+      if (len && stream) coll__copy_stream(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
+      else if (len) memcpy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
     }
     coll__publish_done(c, t);
+    if (push) { /* the others write the rest themselves */
+      for (int i = 1; i < c->size; i++)
+        if ((rc = coll__wait_arrive(c, (me + i) % c->size, t0 + 1)) != 0) return rc;
+      c->round = t0 + 1;
+      return 0;
+    }
   }
   c->round = t0 + K - 1;
   return 0;

@@ -242,7 +242,8 @@ static void op_prepare(coll_comm_t *c, op_t *o) {
     switch (k) {
     case COLL_GATHER:
       if (!is_root) mode = MODE_OUT;
-      else o->rbuf = op_alloc(c, rbytes, 0, &o->r_in_arena), recv = o->rbuf, send = recv + (size_t)me * nb;
+      else o->rbuf = op_alloc(c, rbytes, o->arena & AR_RECV, &o->r_in_arena), recv = o->rbuf,
+           send = recv + (size_t)me * nb;
       break;
     case COLL_SCATTER:
       if (!is_root) mode = MODE_OUT;
@@ -266,7 +267,7 @@ static void op_prepare(coll_comm_t *c, op_t *o) {
     switch (k) {
     case COLL_GATHER:
       if (!is_root) mode = MODE_OUT;
-      else o->rbuf = op_alloc(c, rbytes, 0, &o->r_in_arena), send = recv = o->rbuf;
+      else o->rbuf = op_alloc(c, rbytes, o->arena & AR_RECV, &o->r_in_arena), send = recv = o->rbuf;
       break;
     case COLL_SCATTER:
       if (!is_root) mode = MODE_OUT;
@@ -521,6 +522,23 @@ static int rank_arena(int rank, int size, const char *key, void *arg) {
         bad = op_run(c, &o);
       }
   coll_set_algorithm(c, COLL_REDUCE, NULL);
+  /* gather into an arena output on the root (others push the chunks after the
+   * first straight into it), in place or not, send in the arena or not */
+  for (int root = 0; root < size && !bad; root++)
+    for (int mode = 0; mode < 3 && !bad; mode++)
+      for (int ci = 0; ci < 3 && !bad; ci++) {
+        op_t o;
+        memset(&o, 0, sizeof o);
+        o.kind = COLL_GATHER;
+        o.mode = mode;
+        o.root = root;
+        o.dtype = move_dtypes[(root + ci) % 5];
+        o.salt = ++salt;
+        size_t counts[3] = {7, (size_t)size * 13 + 1, (3 * slot + 1000) / coll_dtype_size(o.dtype) + 1};
+        o.count = counts[ci];
+        o.arena = rank == root ? AR_RECV | (ci % 2 ? AR_SEND : 0) : (ci + rank) % 2 ? AR_SEND : 0;
+        bad = op_run(c, &o);
+      }
   /* bcast from an arena root (and arena receivers), every root, several counts */
   for (int root = 0; root < size && !bad; root++)
     for (int ci = 0; ci < 4 && !bad; ci++) {
