@@ -35,7 +35,7 @@ ALL_COLLS = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scat
              "alltoall", "barrier"]
 KiB, MiB = 1 << 10, 1 << 20
 QUICK = {"sizes": [8, 64 * KiB, MiB, 16 * MiB], "collectives": ["allreduce", "bcast", "gather"],
-         "rounds": 5, "buffers": ["numpy", "empty"], "memory": ["hbm_preferred"],
+         "rounds": 7, "buffers": ["numpy", "empty"], "memory": ["hbm_preferred"],
          "bind": ["core"], "oversub_iters": 1000, "oversub_timeout": 240, "timeout": 300}
 FULL = {"sizes": [4 << i for i in range(25)], "collectives": ALL_COLLS, "rounds": 1,
         "buffers": ["numpy", "empty"], "memory": ["hbm_preferred", "ddr"],
@@ -64,7 +64,7 @@ def args_parser():
     ap.add_argument("--collectives", type=csv_list)
     ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in csv_list(s)],
                     help="e.g. 8,64K,1M,16M")
-    ap.add_argument("--rounds", type=int, help="interleaved rounds (quick 5, full 1)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (quick 7, full 1)")
     ap.add_argument("--buffers", type=csv_list, help="hbmcoll buffers: numpy,empty")
     ap.add_argument("--memory", type=csv_list, help="HBMCOLL_MEMORY values: hbm_preferred,ddr")
     ap.add_argument("--bind", type=csv_list, help="HBMCOLL_BIND values: core,none")

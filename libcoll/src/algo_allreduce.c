@@ -130,7 +130,8 @@ static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
       coll__copy_stream(c->base + coll__desc(c, q)->recv_off + i * es, scratch, n * es);
     }
   }
-  coll__publish_done(c, t0); /* after the copies' store fence */
+  coll__stream_fence(); /* the streamed results before the flag that says so */
+  coll__publish_done(c, t0);
   c->round = t0;
   return coll__wait_all_done(c, t0); /* every slice of my output is written */
 }

@@ -86,7 +86,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   if (c->cma && nbytes >= c->params.cma_min) return gather_single_copy(c, a, nbytes);
   size_t chunk = c->hdr->slot_bytes;
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
-  int root = a->root, me = c->rank, rc;
+  int root = a->root, me = c->rank, rc = 0;
   const uint8_t *send = a->send;
   uint64_t push = me == root && K > 1 ? coll__arena_offset(c, a->recv, nbytes * (size_t)c->size) : 0;
   uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, push);
@@ -104,8 +104,9 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
         if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
         uint8_t *dst = c->base + push + (size_t)me * nbytes + chunk;
-        if (nbytes >= c->hdr->stream_min) coll__copy_stream(dst, send + chunk, nbytes - chunk);
+        if (nbytes * (size_t)c->size >= c->hdr->stream_min) coll__copy_stream(dst, send + chunk, nbytes - chunk);
         else memcpy(dst, send + chunk, nbytes - chunk);
+        coll__stream_fence();
         coll__publish_arrive(c, t0 + 1);
         c->round = t0 + 1;
         return 0;
@@ -119,9 +120,9 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   coll__publish_arrive(c, t0);
   uint8_t *recv = a->recv;
   /* my own part; send is this block of recv or apart from it (aliasing.c) */
-  int stream = nbytes >= c->hdr->stream_min;
+  int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* my whole output; fenced at the end */
   if (nbytes && recv + (size_t)me * nbytes != send) {
-    if (nbytes >= c->hdr->stream_min) coll__copy_stream(recv + (size_t)me * nbytes, send, nbytes);
+    if (stream) coll__copy_stream(recv + (size_t)me * nbytes, send, nbytes);
     else memcpy(recv + (size_t)me * nbytes, send, nbytes);
   }
   for (uint64_t k = 0; k < K; k++) {
@@ -137,11 +138,12 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
     coll__publish_done(c, t);
     if (push) { /* the others write the rest themselves */
       for (int i = 1; i < c->size; i++)
-        if ((rc = coll__wait_arrive(c, (me + i) % c->size, t0 + 1)) != 0) return rc;
+        if ((rc = coll__wait_arrive(c, (me + i) % c->size, t0 + 1)) != 0) break;
       c->round = t0 + 1;
-      return 0;
+      break;
     }
   }
-  c->round = t0 + K - 1;
-  return 0;
+  if (stream) coll__stream_fence();
+  if (!push) c->round = t0 + K - 1;
+  return rc;
 }

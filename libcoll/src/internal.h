@@ -198,9 +198,11 @@ static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; 
 /* Compare a peer's descriptor (it has arrived at the collective's first round). */
 int coll__validate(coll_comm_t *c, int peer);
 int coll__execute(coll_comm_t *c, const coll_args_t *a);
-/* stream_copy.c: memcpy with non-temporal stores, fenced (plain memcpy where
- * the CPU has none); for results far larger than the caches. */
+/* stream_copy.c: memcpy with non-temporal stores (plain memcpy where the CPU
+ * has none), for results far larger than the caches; coll__stream_fence()
+ * after the last of them, before publishing. */
 void coll__copy_stream(void *dst, const void *src, size_t n);
+void coll__stream_fence(void);
 /* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
  * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
  * is returned; 0: nothing to do; -ENOMEM. */

@@ -7,7 +7,8 @@
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB)
  *   HBMCOLL_STREAM_MIN   allreduce with every buffer in the arena: from this size each rank
  *                        writes its reduced slice into every output with streaming stores
- *                        (default 4 MiB; the creating rank's value holds for all)
+ *                        and gather/bcast write large outputs so (default: half the
+ *                        largest CPU cache; the creating rank's value holds for all)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
@@ -16,6 +17,7 @@
  * Malformed values are ignored in favour of the default; the Python layer
  * validates and reports them (hbmcoll.topology()).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +69,25 @@ static size_t param_size(const char *name, size_t dflt, size_t min) {
   return (*end == '\0' && v >= min) ? (size_t)v : dflt;
 }
 
+/* The largest cache of CPU 0 (sysfs), or 32 MiB if it cannot be read. */
+static size_t param_llc_bytes(void) {
+  size_t best = 0;
+  for (int i = 0; i < 8; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    unsigned long v = 0;
+    char unit = 0;
+    if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
+      size_t bytes = unit == 'K' ? (size_t)v << 10 : unit == 'M' ? (size_t)v << 20 : (size_t)v;
+      if (bytes > best) best = bytes;
+    }
+    fclose(f);
+  }
+  return best ? best : (size_t)32 << 20;
+}
+
 static void param_algo_list(coll__params_t *p, const char *s) {
   /* "kind=name,kind=name" */
   char buf[256];
@@ -91,7 +112,10 @@ void coll__params_load(coll__params_t *p) {
   p->slot_bytes = param_size("HBMCOLL_SLOT_BYTES", 256 << 10, 4096) & ~(size_t)4095;
   p->arena_bytes = param_size("HBMCOLL_ARENA_BYTES", (size_t)1 << 30, 0) & ~(size_t)4095;
   p->small_max = param_size("HBMCOLL_SMALL_MAX", 16 << 10, 0);
-  p->stream_min = param_size("HBMCOLL_STREAM_MIN", 4 << 20, 0);
+  /* half the last-level cache: from there a message and its result cannot
+   * both stay cached, so streaming stores cost nothing even when the caller's
+   * data was warm (2 ranks, 8 MiB warm: 348 -> 465 us; 16 MiB: even) */
+  p->stream_min = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0);
   const char *spin = getenv("HBMCOLL_SPIN");
   p->spin_iters = (spin && *spin) ? strtol(spin, NULL, 10) : -1;
   param_algo_list(p, getenv("HBMCOLL_ALGO"));

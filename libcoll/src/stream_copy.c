@@ -7,8 +7,10 @@
  * message far larger than the caches moves a third less data. For data that
  * is read again soon (a slot a peer reads next round, a message that fits in
  * cache) they are slower, which is why callers use them only above a size.
- * They are weakly ordered: the copy ends with a store fence, so a flag
- * published after it is seen after the data.
+ * They are weakly ordered: a caller calls coll__stream_fence() after its
+ * last streaming copy and before it publishes the flag that says the data
+ * is there. (A fence after every copy would wait for each copy's stores to
+ * reach memory before the next could start.)
  */
 #include <string.h>
 
@@ -33,8 +35,10 @@ void coll__copy_stream(void *dst, const void *src, size_t n) {
     _mm_stream_si128((__m128i *)(d + 48), e);
   }
   memcpy(d, s, n);
-  _mm_sfence();
 }
+
+void coll__stream_fence(void) { _mm_sfence(); }
 #else
 void coll__copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+void coll__stream_fence(void) {}
 #endif

@@ -948,9 +948,12 @@ int main(int argc, char **argv) {
       spawn("matrix single copy (HBMCOLL_CMA=1)", P, 600, single_copy, rank_matrix, (void *)&yes);
     if ((P == 2 || P == 3 || P == 8) && CASE("matrix single copy from 1 B, slot=4096"))
       spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
+    if ((P == 2 || P == 3) && CASE("matrix streaming stores from 0 B"))
+      spawn("matrix streaming stores from 0 B", P, 600, push_always, rank_matrix, NULL);
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
     if (CASE("arena slot=4096")) spawn("arena slot=4096", P, 600, small_slots, rank_arena, NULL);
-    if (CASE("arena push from 0 B")) spawn("arena push from 0 B", P, 600, push_always, rank_arena, NULL);
+    if (CASE("arena streaming stores from 0 B"))
+      spawn("arena streaming stores from 0 B", P, 600, push_always, rank_arena, NULL);
     if (P > 1 && CASE("arena reduce then other comm"))
       spawn("arena reduce then other comm", P, 60, timeout10, rank_arena_reduce_then_other, NULL);
     if (CASE("requests")) spawn("requests", P, 300, NULL, rank_requests, NULL);
