@@ -136,13 +136,13 @@ def markdown(summ, lim, meta, oversub):
     if meta.get("warning"):
         out.append(f"**Warning: {meta['warning']}.**")
     if lim:
-        out.append(f"Copy bandwidth (numpy.copyto, STREAM copy; the limit B): single core "
+        out.append(f"Memory bandwidth (the limit B is the better of STREAM copy and add, numpy, per number of processes): copy single core "
                    f"{lim['single_core_GBps']:.1f} GB/s, all {lim['cores']} cores "
                    f"{lim['all_cores_GBps']:.1f} GB/s" + (
                        f" (STREAM add, all cores: {lim['all_cores_add_GBps']:.1f} GB/s)"
                        if lim.get("all_cores_add_GBps") else "") +
-                   ". Above 100% of B: the copy stream was not this machine's ceiling, "
-                   "or data stayed in cache.")
+                   ". Above 100% of B: the data stayed in cache, or the machine was quieter "
+                   "during that launch than during every bandwidth measurement.")
     var = [t["meta"]["variation_us"] for t in meta.get("tasks", []) if t.get("meta")]
     if var:
         out.append(f"Every latency includes the same data-variation step (buffer rotation and "
@@ -171,7 +171,7 @@ def markdown(summ, lim, meta, oversub):
                 for lb in cols] for z in sizes])
         big = [s for s in ss if s["frac_limit"] is not None]
         if big:
-            out += ["", f"Fraction of the copy-bandwidth limit (least bytes / B / time), "
+            out += ["", f"Fraction of the memory-bandwidth limit (least bytes / B / time), "
                     f"B = {big[0]['limit_GBps']:.1f} GB/s:", ""]
             bsz = sorted({s["size"] for s in big})
             fr = {(s["label"], s["size"]): s["frac_limit"] for s in big}

@@ -316,7 +316,9 @@ def main(argv=None):
                          "hbmcoll_allreduce": "numpy: out=; empty: in place (zero copy)"},
             "launchers": {lib: command(lib, 2, "SPEC", "OUT")[:1] for lib in libs},
             "machine": machine.info()}
-    prog = Progress(len(tasks) + len(over) + (0 if a.no_limits else 2))
+    # the limit at the start, between rounds and at the end: the machine's quiet moments
+    # come and go like the libraries' (best kept, as for them)
+    prog = Progress(len(tasks) + len(over) + (0 if a.no_limits else cfg["rounds"] + 1))
     lim = None
     if not a.no_limits:
         prog.show("copy bandwidth (physical limit)")
@@ -326,7 +328,7 @@ def main(argv=None):
         prog.step()
 
     rows, records = [], []
-    for t in tasks:
+    for i, t in enumerate(tasks):
         prog.show(f"round {t[5] + 1}/{cfg['rounds']} P={t[4]} {t[0]}")
         r, rec = run_task(t, raw, cfg["timeout"], a.wait_idle)
         rows += r
@@ -335,6 +337,11 @@ def main(argv=None):
             print(f"\n[bench] {t[0]} P={t[4]}: {rec['status']} (log: {rec['log']})",
                   file=sys.stderr)
         prog.step()
+        if lim and i + 1 < len(tasks) and tasks[i + 1][5] != t[5]:
+            prog.show(f"copy bandwidth (after round {t[5] + 1})")
+            wait_idle(a.wait_idle)
+            lim = L.merge(lim, L.measure(cfg["np"]))
+            prog.step()
     oversub = []
     for t in over:
         prog.show(f"oversubscribed: {t[0]} {t[4]} ranks, {cfg['oversub_iters']} allreduces")
