@@ -228,7 +228,7 @@ def plots(outdir, summ, lim):
             a2.plot(x, [p[2] for p in pts], style, label=lb, ms=4)
         if lim:
             a2.axhline(L.bandwidth_for(lim, P) / 1e9, color="k", ls="--", lw=1,
-                       label="copy bandwidth (limit)")
+                       label="memory bandwidth (limit)")
         for a in (a1, a2):
             a.set_xscale("log", base=2)
             a.xaxis.set_major_locator(LogLocator(base=16))
