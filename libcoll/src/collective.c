@@ -123,7 +123,9 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a) {
   if (rc) return rc;
   coll_args_t safe;
   void *copy;
-  if ((rc = coll__unalias(c, a, &safe, &copy)) < 0) return rc;
+  if ((rc = coll__unalias(c, a, &safe, &copy)) < 0) /* the peers are already waiting for me */
+    return coll__fail(c, rc, "rank %d: no memory for a private copy of its send buffer, which "
+                      "partly overlaps the receive buffer; the communicator is closed", c->rank);
   rc = coll_dispatch(c, rc ? &safe : a);
   free(copy);
   return rc;

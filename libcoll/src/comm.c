@@ -38,6 +38,20 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
 }
 
+/* Huge pages for the arena where the kernel grants them to shared memory
+ * (shmem_enabled "advise" or "within_size"): fewer page walks for large
+ * arena streams. On this project's 2-vCPU VM, with the setting switched to
+ * advise for the test, 16 MiB arena allreduce 1,740 -> 1,625 us; with
+ * "never" (its default) this is a no-op. Only the arena, and only when each
+ * rank's part is whole huge pages: a huge page shared by two ranks' slots or
+ * arenas could not sit on both ranks' NUMA nodes. Every rank advises its own
+ * mapping, since the rank that touches a page first decides its size. */
+static void comm_advise_huge(coll_comm_t *c, const coll__header_t *h) {
+  const size_t huge = (size_t)2 << 20;
+  if (h->arena_bytes == 0 || h->arena_bytes % huge || h->arena_off % huge) return;
+  madvise(c->base + h->arena_off, (size_t)c->size * h->arena_bytes, MADV_HUGEPAGE);
+}
+
 static int comm_map_segment(coll_comm_t *c) {
   struct stat st;
   if (fstat(c->fd, &st) != 0) return -errno;
@@ -49,6 +63,7 @@ static int comm_map_segment(coll_comm_t *c) {
       c->hdr->total_bytes != c->map_bytes)
     return COLL_EBOOTSTRAP;
   c->ctl = (coll__ctl_t *)(c->base + c->hdr->ctl_off);
+  comm_advise_huge(c, c->hdr);
   return 0;
 }
 
@@ -116,6 +131,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
       return comm_fail_local(c, rc, "could not map the shared segment");
     c->map_bytes = h.total_bytes;
     c->hdr = (coll__header_t *)c->base;
+    comm_advise_huge(c, &h);
     comm_place(c, &h); /* before the first touch, the header page included */
     memcpy(c->hdr, &h, sizeof h);
     c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);

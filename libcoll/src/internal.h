@@ -23,7 +23,7 @@
 #include "coll.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3031ull /* "hbcoll01" */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3032ull /* "hbcoll02": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data. */

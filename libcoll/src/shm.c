@@ -33,12 +33,6 @@ int coll__segment_create(size_t bytes, int *fd_p) {
 int coll__segment_map(int fd, size_t bytes, uint8_t **base_p) {
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return -errno;
-  /* Huge pages where the kernel grants them to shared memory (shmem_enabled
-   * "advise" or "within_size"): fewer page walks for large arena streams. On
-   * this project's 2-vCPU VM, with the setting switched to advise for the
-   * test, 16 MiB arena allreduce 1,740 -> 1,625 us; with "never" (its
-   * default) this is a no-op. */
-  madvise(p, bytes, MADV_HUGEPAGE);
   *base_p = p;
   return 0;
 }

@@ -8,6 +8,7 @@
  * pipelined rounds (an unprotected run overwrites input it has not read yet).
  * Under ASan this also checks the private copy is freed and never overrun.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,10 @@
 
 #define HARNESS_KEY_PREFIX "hbal"
 #include "harness.h"
+
+/* Under ASan, malloc must be allowed to say no (rank_no_memory), as it does without. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 enum { N = 5000 }; /* int32 elements per block: about 5 slots of 4 KiB */
 
@@ -94,9 +99,41 @@ static int rank_overlap(int rank, int size, const char *key, void *arg) {
   return bad;
 }
 
+/* Rank 0's private copy cannot be made (an alltoall of 2 x 32 GiB whose send
+ * and recv overlap: malloc refuses it, and the buffers are never touched); rank
+ * 1 calls the matching collective on real buffers. Both must get an error at
+ * once, not wait for the timeout, and the communicator stays failed. */
+static int rank_no_memory(int rank, int size, const char *key, void *arg) {
+  (void)arg;
+  coll_comm_t *c;
+  if (comm_open(rank, size, key, 30, &c)) return 1;
+  size_t count = (size_t)32 << 30; /* uint8 elements per block */
+  static uint8_t small[64];
+  uint8_t *fake = (uint8_t *)((uintptr_t)1 << 44);
+  coll_args_t a = {.kind = COLL_ALLTOALL, .dtype = COLL_UINT8, .count = count,
+                   .send = rank == 0 ? fake : small, .recv = rank == 0 ? fake + 64 : small};
+  double t0 = now_s();
+  int rc = rank == 0 ? coll_run(c, &a) : 0;
+  if (rank != 0) { /* the same collective; it fails before any data of it moves */
+    coll_args_t b = {.kind = COLL_BARRIER};
+    rc = coll_run(c, &b) == 0 ? 0 : -1;
+  }
+  coll_args_t b = {.kind = COLL_BARRIER};
+  int again = coll_run(c, &b);
+  int bad = 0;
+  if (rank == 0 && rc != -ENOMEM) bad = 1, fprintf(stderr, "rank 0: got %d, expected -ENOMEM\n", rc);
+  if (rank != 0 && rc == 0) bad = 1, fprintf(stderr, "rank %d: the collective succeeded\n", rank);
+  if (again == 0) bad = 1, fprintf(stderr, "rank %d: the communicator still works\n", rank);
+  if (now_s() - t0 > 10) bad = 1, fprintf(stderr, "rank %d: waited %.1f s\n", rank, now_s() - t0);
+  coll_comm_free(c);
+  return bad;
+}
+
 int main(void) {
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   for (int P = 1; P <= 3; P++) spawn_expect("overlapping send and recv, slot=4096", P, 120, small_slots,
                                             rank_overlap, NULL, -1);
+  for (int P = 1; P <= 2; P++)
+    spawn_expect("no memory for the private copy", P, 60, NULL, rank_no_memory, NULL, -1);
   return harness_finish();
 }
