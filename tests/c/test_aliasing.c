@@ -53,6 +53,49 @@ static int check(const char *what, int rank, const int32_t *got, const int32_t *
   return 0;
 }
 
+/* gather, scatter and reduce to the last rank: only the root's send and recv
+ * overlap (the others have one buffer, or two that never do). */
+static int rank_rooted(coll_comm_t *c, int rank, int size, int arena, long sh, int32_t *want) {
+  size_t P = (size_t)size, wide = P * N;
+  int root = size - 1, me_root = rank == root, bad = 0;
+  int32_t *send, *recv, *base;
+  int32_t *mine = malloc(wide * 4);
+  /* gather: N -> P*N on the root */
+  if ((base = lay_out(c, arena, N, me_root ? wide : N, me_root ? sh : 0, &send, &recv)) == NULL) return 1;
+  if (!me_root) send = base, recv = NULL;
+  for (size_t i = 0; i < N; i++) send[i] = val(rank, i);
+  for (size_t q = 0; q < P; q++)
+    for (size_t i = 0; i < N; i++) want[q * N + i] = val((int)q, i);
+  coll_args_t g = {.kind = COLL_GATHER, .dtype = COLL_INT32, .root = root, .count = N, .send = send, .recv = recv};
+  bad |= coll_run(c, &g) != 0 || (me_root && check("gather", rank, recv, want, wide, sh, arena));
+  release(c, arena, base);
+  /* scatter: P*N on the root -> N */
+  if ((base = lay_out(c, arena, me_root ? wide : N, N, me_root ? sh : 0, &send, &recv)) == NULL) return 1;
+  if (!me_root) send = NULL, recv = base;
+  else
+    for (size_t i = 0; i < wide; i++) send[i] = val(rank, i);
+  for (size_t i = 0; i < N; i++) mine[i] = val(root, (size_t)rank * N + i);
+  coll_args_t sc = {.kind = COLL_SCATTER, .dtype = COLL_INT32, .root = root, .count = N, .send = send, .recv = recv};
+  bad |= coll_run(c, &sc) != 0 || check("scatter", rank, recv, mine, N, sh, arena);
+  release(c, arena, base);
+  /* reduce: N -> N on the root */
+  if (labs(sh) < N) {
+    if ((base = lay_out(c, arena, N, N, me_root ? sh : 0, &send, &recv)) == NULL) return 1;
+    if (!me_root) send = base, recv = NULL;
+    for (size_t i = 0; i < N; i++) send[i] = val(rank, i);
+    for (size_t i = 0; i < N; i++) {
+      mine[i] = 0;
+      for (int q = 0; q < size; q++) mine[i] += val(q, i);
+    }
+    coll_args_t r = {.kind = COLL_REDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .root = root, .count = N,
+                     .send = send, .recv = recv};
+    bad |= coll_run(c, &r) != 0 || (me_root && check("reduce", rank, recv, mine, N, sh, arena));
+    release(c, arena, base);
+  }
+  free(mine);
+  return bad;
+}
+
 static int rank_overlap(int rank, int size, const char *key, void *arg) {
   (void)arg;
   coll_comm_t *c;
@@ -93,6 +136,18 @@ static int rank_overlap(int rank, int size, const char *key, void *arg) {
       coll_args_t t = {.kind = COLL_ALLTOALL, .dtype = COLL_INT32, .count = N, .send = send, .recv = recv};
       bad |= coll_run(c, &t) != 0 || check("alltoall", rank, recv, want, wide, sh, arena);
       release(c, arena, base);
+      /* reduce_scatter: P*N -> N, block r summed over ranks */
+      if ((base = lay_out(c, arena, wide, N, sh, &send, &recv)) == NULL) return 1;
+      for (size_t i = 0; i < wide; i++) send[i] = val(rank, i);
+      for (size_t i = 0; i < N; i++) {
+        want[i] = 0;
+        for (int q = 0; q < size; q++) want[i] += val(q, (size_t)rank * N + i);
+      }
+      coll_args_t rs = {.kind = COLL_REDUCE_SCATTER, .dtype = COLL_INT32, .op = COLL_SUM, .count = N,
+                        .send = send, .recv = recv};
+      bad |= coll_run(c, &rs) != 0 || check("reduce_scatter", rank, recv, want, N, sh, arena);
+      release(c, arena, base);
+      bad |= rank_rooted(c, rank, size, arena, sh, want);
     }
   free(want);
   coll_comm_free(c);
