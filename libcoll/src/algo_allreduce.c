@@ -150,9 +150,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
   if (all) {
     soff = coll__arena_offset(c, send, nbytes);
     roff = coll__arena_offset(c, recv, nbytes);
-    /* a partly overlapping send and recv would let a slice owner overwrite
-     * input another rank still has to read */
-    if (!soff || !roff || (send != recv && ar_overlap(send, recv, nbytes))) soff = roff = 0;
+    if (!soff || !roff) soff = roff = 0; /* send == recv or apart (aliasing.c) */
   }
   int zc = soff != 0;
   int stream = nbytes >= c->hdr->stream_min; /* the copy-out writes my output once */
@@ -174,7 +172,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     if (k < K && !zc) coll__slot_release(c, p, t + 1, -1);
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
     if (rc) return rc;
-    if (k == 0 && zc && nbytes >= c->hdr->stream_min && ar_all_in_arena(c)) return ar_push(c, a, t0);
+    if (k == 0 && zc && stream && ar_all_in_arena(c)) return ar_push(c, a, t0);
     if (k < K) { /* reduce my slice of chunk k; my own part straight from send */
       for (int q = 0; q < P; q++) {
         uint64_t qoff = coll__desc(c, q)->send_off;
@@ -192,8 +190,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
         if (hi == lo || (q == me && zc)) continue;
         uint64_t qoff = coll__desc(c, q)->recv_off;
         const uint8_t *src = qoff ? c->base + qoff + (offj + lo) * es : coll__slot(c, q, pj) + lo * es;
-        if (stream) coll__copy_stream(recv + (offj + lo) * es, src, (hi - lo) * es);
-        else memcpy(recv + (offj + lo) * es, src, (hi - lo) * es);
+        coll__copy(recv + (offj + lo) * es, src, (hi - lo) * es, stream);
       }
     }
     coll__publish_done(c, t); /* peers refill the slots I read once they see this */

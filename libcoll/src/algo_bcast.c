@@ -90,23 +90,21 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
 
   if ((rc = coll__meet(c, root, t0)) != 0) return rc;
   uint64_t root_off = coll__desc(c, root)->send_off;
+  int stream = nbytes >= c->hdr->stream_min; /* my copy is written once */
   if (root_off) {
     if ((rc = coll__wait_arrive(c, root, t0 + 1)) != 0) return rc;
-    if (!coll__desc(c, root)->single_copy && nbytes >= c->hdr->stream_min)
-      coll__copy_stream(buf, c->base + root_off, nbytes), coll__stream_fence();
-    else if (!coll__desc(c, root)->single_copy) memcpy(buf, c->base + root_off, nbytes);
+    if (!coll__desc(c, root)->single_copy) coll__copy(buf, c->base + root_off, nbytes, stream);
     else if ((rc = coll__cma_copy(c, root, buf, root_off, nbytes, 0)) != 0) return rc;
+    if (stream) coll__stream_fence();
     coll__publish_done(c, t0 + 1);
     c->round = t0 + 1;
     return 0;
   }
-  int stream = nbytes >= c->hdr->stream_min; /* my copy is written once */
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + 1 + k;
     if ((rc = coll__wait_arrive(c, root, t)) != 0) return rc;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-    if (len && stream) coll__copy_stream(buf + off, coll__slot(c, root, (int)(t & 1)), len);
-    else if (len) memcpy(buf + off, coll__slot(c, root, (int)(t & 1)), len);
+    if (len) coll__copy(buf + off, coll__slot(c, root, (int)(t & 1)), len, stream);
     coll__publish_done(c, t);
   }
   if (stream) coll__stream_fence();

@@ -63,13 +63,10 @@ static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbyte
   c->round = t0 + 1;
   if (me == root) {
     if ((rc = coll__meet_all(c, t0)) != 0) return rc;
-    uint8_t *recv = a->recv, *mine = recv + (size_t)me * nbytes;
-    const uint8_t *send = a->send;
-    /* my input inside the output (send == recv): move it before others write there */
-    int inside = send < recv + (size_t)c->size * nbytes && recv < send + nbytes;
-    if (inside && mine != send) memmove(mine, send, nbytes);
+    uint8_t *mine = (uint8_t *)a->recv + (size_t)me * nbytes;
     coll__publish_arrive(c, t0 + 1);
-    if (!inside && mine != send) memcpy(mine, send, nbytes); /* while the others write */
+    /* send is my block of the output or apart from it (aliasing.c) */
+    if (mine != (const uint8_t *)a->send) memcpy(mine, a->send, nbytes); /* while the others write */
     return coll__wait_all_done(c, t0 + 1);
   }
   if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait_arrive(c, root, t0 + 1)) != 0)
@@ -103,10 +100,9 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       if (k == 0 && (rc = coll__meet(c, root, t0)) != 0) return rc;
       if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
         if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
-        uint8_t *dst = c->base + push + (size_t)me * nbytes + chunk;
-        if (nbytes * (size_t)c->size >= c->hdr->stream_min) coll__copy_stream(dst, send + chunk, nbytes - chunk);
-        else memcpy(dst, send + chunk, nbytes - chunk);
-        coll__stream_fence();
+        int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* the root's whole output */
+        coll__copy(c->base + push + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk, stream);
+        if (stream) coll__stream_fence();
         coll__publish_arrive(c, t0 + 1);
         c->round = t0 + 1;
         return 0;
@@ -121,10 +117,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   uint8_t *recv = a->recv;
   /* my own part; send is this block of recv or apart from it (aliasing.c) */
   int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* my whole output; fenced at the end */
-  if (nbytes && recv + (size_t)me * nbytes != send) {
-    if (stream) coll__copy_stream(recv + (size_t)me * nbytes, send, nbytes);
-    else memcpy(recv + (size_t)me * nbytes, send, nbytes);
-  }
+  if (nbytes && recv + (size_t)me * nbytes != send) coll__copy(recv + (size_t)me * nbytes, send, nbytes, stream);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
@@ -132,8 +125,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       int q = (me + i) % c->size;
       rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
       if (rc) return rc;
-      if (len && stream) coll__copy_stream(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
-      else if (len) memcpy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len);
+      if (len) coll__copy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len, stream);
     }
     coll__publish_done(c, t);
     if (push) { /* the others write the rest themselves */

@@ -203,6 +203,8 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a);
  * after the last of them, before publishing. */
 void coll__copy_stream(void *dst, const void *src, size_t n);
 void coll__stream_fence(void);
+/* memcpy, or coll__copy_stream when `stream` (the caller fences). */
+void coll__copy(void *dst, const void *src, size_t n, int stream);
 /* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
  * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
  * is returned; 0: nothing to do; -ENOMEM. */

@@ -251,23 +251,23 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
 #define REDUCE_COMBINE(op, A, acc, xl, LOADL, xr, LOADR, n, ADD, MUL)                     \
   switch (op) {                                                                          \
   case COLL_PROD:                                                                        \
-    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++)                                                     \
+    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++)                                \
       (acc)[i] = MUL(LOADL((xl)[i]), LOADR((xr)[i]));                                    \
     break;                                                                               \
   case COLL_MIN:                                                                         \
-    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                                                   \
+    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                              \
       A a = LOADL((xl)[i]), v = LOADR((xr)[i]);                                          \
       (acc)[i] = v < a ? v : a;                                                          \
     }                                                                                    \
     break;                                                                               \
   case COLL_MAX:                                                                         \
-    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                                                   \
+    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                              \
       A a = LOADL((xl)[i]), v = LOADR((xr)[i]);                                          \
       (acc)[i] = v > a ? v : a;                                                          \
     }                                                                                    \
     break;                                                                               \
   default: /* COLL_SUM, COLL_AVG */                                                      \
-    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++)                                                     \
+    _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++)                                \
       (acc)[i] = ADD(LOADL((xl)[i]), LOADR((xr)[i]));                                    \
     break;                                                                               \
   }

@@ -42,3 +42,8 @@ void coll__stream_fence(void) { _mm_sfence(); }
 void coll__copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void coll__stream_fence(void) {}
 #endif
+
+void coll__copy(void *dst, const void *src, size_t n, int stream) {
+  if (stream) coll__copy_stream(dst, src, n);
+  else memcpy(dst, src, n);
+}
