@@ -17,6 +17,7 @@ import statistics
 import limits as L
 
 PEERS = ("mpi4py", "torch")
+FLOOR = "floor"   # bench/workers/floor_worker.py: the local memory work alone
 ORDER = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter", "alltoall",
          "barrier"]
 
@@ -149,6 +150,11 @@ def markdown(summ, lim, meta, oversub):
                    f"a one-word write, identical code for all libraries), measured alone at "
                    f"{statistics.median(var):.3f} us per iteration (median over launches, "
                    f"max {max(var):.3f}).")
+    if any(s["label"] == FLOOR for s in summ):
+        out.append("`floor`: no communication at all; each rank only computes `out = in + 1` on "
+                   "its own rotating buffers, all ranks at once, pinned (the memory work an "
+                   "out-of-place allreduce cannot avoid: read the input, write the output). "
+                   "A library's time over the floor is what its communication adds.")
     out.append("")
     labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)
                                                                 if x in PEERS else 0, x))
@@ -187,6 +193,14 @@ def markdown(summ, lim, meta, oversub):
                     rows.append([f"max speedup over {p}"] + [
                         f"{by[p, z]['avg_us'] / bound[z]:.2f}x" if (p, z) in by else "-"
                         for z in bsz])
+            if FLOOR in present:          # the same, from the floor measured at each size
+                rows.append(["floor (us)"] + [_fmt(by[FLOOR, z]["avg_us"]) if (FLOOR, z) in by
+                                              else "-" for z in bsz])
+                for p in PEERS:
+                    if p in present:
+                        rows.append([f"{p} / floor"] + [
+                            f"{by[p, z]['avg_us'] / by[FLOOR, z]['avg_us']:.2f}x"
+                            if (p, z) in by and (FLOOR, z) in by else "-" for z in bsz])
             out += _table(["", *[human(z) for z in bsz]], rows)
         out.append("")
     if oversub:

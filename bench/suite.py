@@ -58,7 +58,9 @@ def args_parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="quick mode (the default)")
     ap.add_argument("--full", action="store_true", help="full OSU sweep, every variant")
-    ap.add_argument("--libs", type=csv_list, default=["mpi4py", "torch", "hbmcoll"])
+    ap.add_argument("--libs", type=csv_list, default=["mpi4py", "torch", "hbmcoll", "floor"],
+                    help="floor: no communication, only the memory work of an out-of-place "
+                         "allreduce on each rank (bench/workers/floor_worker.py)")
     ap.add_argument("--np", type=lambda s: [int(x) for x in csv_list(s)],
                     help="world sizes, e.g. 2,4,64 (quick: 2; full: 2 and the core count)")
     ap.add_argument("--collectives", type=csv_list)
@@ -119,7 +121,8 @@ def available(lib):
               "torch": ("import torch.distributed as d; assert d.is_gloo_available()", None),
               "hbmcoll": ("import hbmcoll, importlib.util as u; hbmcoll.init; hbmcoll.empty; "
                           "assert u.find_spec('hbmcoll.run')",
-                          None)}
+                          None),
+              "floor": ("import numpy", None)}
     code, launcher = probes[lib]
     if launcher and not shutil.which(launcher):
         return False, f"{launcher} not on PATH"
@@ -132,6 +135,8 @@ def available(lib):
 
 def command(lib, P, spec_path, prefix):
     worker = os.path.join(WORKERS, f"{lib}_worker.py")
+    if lib == "floor":
+        return [sys.executable, worker, str(P), spec_path, prefix]
     if lib == "mpi4py":
         return ["mpiexec", "-n", str(P), sys.executable, worker, spec_path, prefix]
     if lib == "torch":
@@ -278,7 +283,7 @@ def main(argv=None):
         else:
             skipped[lib] = why
             print(f"[bench] {lib} skipped: {why}", file=sys.stderr)
-    if not libs:
+    if not [lib for lib in libs if lib != "floor"]:
         sys.exit("[bench] no library available; see bench/README.md for the installs")
 
     spec0 = {"collectives": cfg["collectives"], "sizes": cfg["sizes"], "dtype": "float32",

@@ -5,8 +5,10 @@
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,3 +69,29 @@ def test_suite_runs_and_writes_files(tmp_path):
     with open(os.path.join(run, "results.csv")) as f:
         assert len(list(csv.DictReader(f))) == len(doc["summary"])
     assert "## allreduce, 2 ranks" in open(os.path.join(run, "table.md")).read()
+    # the floor (no communication) is measured for allreduce only, beside the libraries
+    floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == "floor"}
+    assert floor == {("allreduce", 8), ("allreduce", 65536)}, floor
+
+
+def test_floor_worker_dead_rank_stops_the_others(tmp_path):
+    """A rank that dies ends the run at once: the other is not left looping or waiting at the
+    barrier (600 s), and the worker says which rank died."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"collectives": ["allreduce"], "sizes": [8],
+                                "iters_small": 10**9, "skip_small": 10}))
+    worker = os.path.join(BENCH, "workers", "floor_worker.py")
+    p = subprocess.Popen([sys.executable, worker, "2", str(spec), str(tmp_path / "out")],
+                         stderr=subprocess.PIPE, text=True)
+    children = f"/proc/{p.pid}/task/{p.pid}/children"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        kids = open(children).read().split() if os.path.exists(children) else []
+        if len(kids) == 2:
+            break
+        time.sleep(0.05)
+    assert len(kids) == 2, kids
+    time.sleep(0.5)                       # both in the (endless) timed loop
+    os.kill(int(kids[1]), signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "exited with -9" in err, err
