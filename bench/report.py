@@ -15,6 +15,7 @@ import os
 import statistics
 
 import limits as L
+import noise
 
 PEERS = ("mpi4py", "torch")
 FLOOR = "floor"   # bench/workers/floor_worker.py: the local memory work alone
@@ -144,6 +145,12 @@ def markdown(summ, lim, meta, oversub):
                        if lim.get("all_cores_add_GBps") else "") +
                    ". Above 100% of B: the data stayed in cache, or the machine was quieter "
                    "during that launch than during every bandwidth measurement.")
+    hn = meta.get("noise") or {}
+    if hn.get("start") or hn.get("end"):
+        out.append("Host noise (`bench/noise.py`: a pinned process per CPU reading the clock; a "
+                   "gap is time the CPU was taken away): at the start " +
+                   (noise.describe(hn.get("start")) or "not measured") + "; at the end " +
+                   (noise.describe(hn.get("end")) or "not measured") + ".")
     var = [t["meta"]["variation_us"] for t in meta.get("tasks", []) if t.get("meta")]
     if var:
         out.append(f"Every latency includes the same data-variation step (buffer rotation and "

@@ -29,6 +29,7 @@ WORKERS = os.path.join(HERE, "workers")
 sys.path.insert(0, HERE)
 import limits as L  # noqa: E402
 import machine  # noqa: E402
+import noise  # noqa: E402
 import report  # noqa: E402
 
 ALL_COLLS = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter",
@@ -324,6 +325,8 @@ def main(argv=None):
     # the limit at the start, between rounds and at the end: the machine's quiet moments
     # come and go like the libraries' (best kept, as for them)
     prog = Progress(len(tasks) + len(over) + (0 if a.no_limits else cfg["rounds"] + 1))
+    prog.show("host noise")
+    meta["noise"] = {"start": noise.measure()}
     lim = None
     if not a.no_limits:
         prog.show("copy bandwidth (physical limit)")
@@ -364,6 +367,7 @@ def main(argv=None):
         wait_idle(a.wait_idle)
         lim = L.merge(lim, L.measure(cfg["np"]))
         prog.step()
+    meta["noise"]["end"] = noise.measure()
     prog.close()
 
     meta["tasks"] = records

@@ -64,6 +64,9 @@ def test_suite_runs_and_writes_files(tmp_path):
     run = os.path.join(tmp_path, "latest")
     doc = json.load(open(os.path.join(run, "results.json")))
     assert doc["meta"]["machine"]["usable_cpus"] >= 1
+    cpus = doc["meta"]["noise"]["start"]["per_cpu"]      # host noise, one probe per CPU
+    assert len(cpus) == doc["meta"]["machine"]["usable_cpus"]
+    assert all(0 <= c["lost_fraction"] < 1 for c in cpus), cpus
     assert doc["summary"], doc["meta"]["tasks"]
     assert all(t["status"] == "ok" for t in doc["meta"]["tasks"]), doc["meta"]["tasks"]
     with open(os.path.join(run, "results.csv")) as f:
