@@ -47,7 +47,7 @@ include tests/emulation/Makefile.inc
 -include tests/c/Makefile.inc
 
 pytest: build
-	$(PYTHON) -m pytest -q tests/py
+	$(PYTHON) -m pytest -q tests/py bench/tests
 
 test: build ctest numa-check test-emulation pytest
 
