@@ -190,7 +190,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
         if (hi == lo || (q == me && zc)) continue;
         uint64_t qoff = coll__desc(c, q)->recv_off;
         const uint8_t *src = qoff ? c->base + qoff + (offj + lo) * es : coll__slot(c, q, pj) + lo * es;
-        coll__copy(recv + (offj + lo) * es, src, (hi - lo) * es, stream);
+        coll__copy(c, recv + (offj + lo) * es, src, (hi - lo) * es, stream);
       }
     }
     coll__publish_done(c, t); /* peers refill the slots I read once they see this */

@@ -93,7 +93,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   int stream = nbytes >= c->hdr->stream_min; /* my copy is written once */
   if (root_off) {
     if ((rc = coll__wait_arrive(c, root, t0 + 1)) != 0) return rc;
-    if (!coll__desc(c, root)->single_copy) coll__copy(buf, c->base + root_off, nbytes, stream);
+    if (!coll__desc(c, root)->single_copy) coll__copy(c, buf, c->base + root_off, nbytes, stream);
     else if ((rc = coll__cma_copy(c, root, buf, root_off, nbytes, 0)) != 0) return rc;
     if (stream) coll__stream_fence();
     coll__publish_done(c, t0 + 1);
@@ -104,7 +104,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
     uint64_t t = t0 + 1 + k;
     if ((rc = coll__wait_arrive(c, root, t)) != 0) return rc;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-    if (len) coll__copy(buf + off, coll__slot(c, root, (int)(t & 1)), len, stream);
+    if (len) coll__copy(c, buf + off, coll__slot(c, root, (int)(t & 1)), len, stream);
     coll__publish_done(c, t);
   }
   if (stream) coll__stream_fence();

@@ -101,7 +101,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
         if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
         int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* the root's whole output */
-        coll__copy(c->base + push + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk, stream);
+        coll__copy(c, c->base + push + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk, stream);
         if (stream) coll__stream_fence();
         coll__publish_arrive(c, t0 + 1);
         c->round = t0 + 1;
@@ -117,7 +117,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   uint8_t *recv = a->recv;
   /* my own part; send is this block of recv or apart from it (aliasing.c) */
   int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* my whole output; fenced at the end */
-  if (nbytes && recv + (size_t)me * nbytes != send) coll__copy(recv + (size_t)me * nbytes, send, nbytes, stream);
+  if (nbytes && recv + (size_t)me * nbytes != send) coll__copy(c, recv + (size_t)me * nbytes, send, nbytes, stream);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
@@ -125,7 +125,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       int q = (me + i) % c->size;
       rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
       if (rc) return rc;
-      if (len) coll__copy(recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len, stream);
+      if (len) coll__copy(c, recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len, stream);
     }
     coll__publish_done(c, t);
     if (push) { /* the others write the rest themselves */

@@ -82,6 +82,7 @@ typedef struct {
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
   int cma;                  /* single copy allowed (HBMCOLL_CMA, default 0) */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
+  size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;
@@ -204,7 +205,8 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a);
 void coll__copy_stream(void *dst, const void *src, size_t n);
 void coll__stream_fence(void);
 /* memcpy, or coll__copy_stream when `stream` (the caller fences). */
-void coll__copy(void *dst, const void *src, size_t n, int stream);
+void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream);
+int coll__cpu_fast_strings(void);
 /* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
  * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
  * is returned; 0: nothing to do; -ENOMEM. */

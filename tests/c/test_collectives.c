@@ -936,6 +936,7 @@ int main(int argc, char **argv) {
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
   const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", NULL};
+  const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
   static const int yes = 1, no = 0;
@@ -950,7 +951,10 @@ int main(int argc, char **argv) {
       spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
     if ((P == 2 || P == 3) && CASE("matrix streaming stores from 0 B"))
       spawn("matrix streaming stores from 0 B", P, 600, push_always, rank_matrix, NULL);
+    if ((P == 2 || P == 3) && CASE("matrix rep movsb from 0 B"))
+      spawn("matrix rep movsb from 0 B", P, 600, rep_movsb_always, rank_matrix, NULL);
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
+    if (CASE("arena rep movsb from 0 B")) spawn("arena rep movsb from 0 B", P, 600, rep_movsb_always, rank_arena, NULL);
     if (CASE("arena slot=4096")) spawn("arena slot=4096", P, 600, small_slots, rank_arena, NULL);
     if (CASE("arena streaming stores from 0 B"))
       spawn("arena streaming stores from 0 B", P, 600, push_always, rank_arena, NULL);
