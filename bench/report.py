@@ -182,6 +182,13 @@ def markdown(summ, lim, meta, oversub):
             out += _table(["size"] + [f"{lb}/{p}" for lb in cols], [[human(z)] + [
                 _ratio(by[lb, z].get(f"ratio_vs_{p}")) if (lb, z) in by else "-"
                 for lb in cols] for z in sizes])
+        if FLOOR in present:
+            out += ["", "Time over the floor (each label's time / the floor's at that size; "
+                    "1 = nothing but the local memory work):", ""]
+            out += _table(["size"] + [lb for lb in present if lb != FLOOR], [[human(z)] + [
+                f"{by[lb, z]['avg_us'] / by[FLOOR, z]['avg_us']:.2f}x"
+                if (lb, z) in by and (FLOOR, z) in by else "-"
+                for lb in present if lb != FLOOR] for z in sizes])
         big = [s for s in ss if s["frac_limit"] is not None]
         if big:
             out += ["", f"Fraction of the memory-bandwidth limit (least bytes / B / time), "
@@ -200,14 +207,6 @@ def markdown(summ, lim, meta, oversub):
                     rows.append([f"max speedup over {p}"] + [
                         f"{by[p, z]['avg_us'] / bound[z]:.2f}x" if (p, z) in by else "-"
                         for z in bsz])
-            if FLOOR in present:          # the same, from the floor measured at each size
-                rows.append(["floor (us)"] + [_fmt(by[FLOOR, z]["avg_us"]) if (FLOOR, z) in by
-                                              else "-" for z in bsz])
-                for p in PEERS:
-                    if p in present:
-                        rows.append([f"{p} / floor"] + [
-                            f"{by[p, z]['avg_us'] / by[FLOOR, z]['avg_us']:.2f}x"
-                            if (p, z) in by and (FLOOR, z) in by else "-" for z in bsz])
             out += _table(["", *[human(z) for z in bsz]], rows)
         out.append("")
     if oversub:
