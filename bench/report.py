@@ -19,6 +19,7 @@ import noise
 
 PEERS = ("mpi4py", "torch")
 FLOOR = "floor"   # bench/workers/floor_worker.py: the local memory work alone
+FLOOR_MIN = 64 << 10   # below this the floor is mostly the cost of one NumPy call
 ORDER = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter", "alltoall",
          "barrier"]
 
@@ -175,20 +176,21 @@ def markdown(summ, lim, meta, oversub):
             _fmt(by[lb, z]["avg_us"]) if (lb, z) in by else "-" for lb in present] for z in sizes])
         for p in PEERS:                     # one ratio table per peer keeps tables narrow
             cols = [lb for lb in present if lb != p and p in present
-                    and not (lb in PEERS and p == "torch")]
+                    and not (lb in PEERS and p == "torch") and not (lb == FLOOR and p == "torch")]
             if not cols:
                 continue
             out += ["", f"Time ratio to {p} (< 1: faster than {p}):", ""]
             out += _table(["size"] + [f"{lb}/{p}" for lb in cols], [[human(z)] + [
                 _ratio(by[lb, z].get(f"ratio_vs_{p}")) if (lb, z) in by else "-"
                 for lb in cols] for z in sizes])
-        if FLOOR in present:
-            out += ["", "Time over the floor (each label's time / the floor's at that size; "
-                    "1 = nothing but the local memory work):", ""]
+        fz = [z for z in sizes if z >= FLOOR_MIN and (FLOOR, z) in by]
+        if fz:
+            out += ["", "Time over the floor (each label's time / the floor's at that size, from "
+                    f"{human(FLOOR_MIN)}: below, the floor is mostly one NumPy call; 1 = nothing "
+                    "but the local memory work):", ""]
             out += _table(["size"] + [lb for lb in present if lb != FLOOR], [[human(z)] + [
-                f"{by[lb, z]['avg_us'] / by[FLOOR, z]['avg_us']:.2f}x"
-                if (lb, z) in by and (FLOOR, z) in by else "-"
-                for lb in present if lb != FLOOR] for z in sizes])
+                f"{by[lb, z]['avg_us'] / by[FLOOR, z]['avg_us']:.2f}x" if (lb, z) in by else "-"
+                for lb in present if lb != FLOOR] for z in fz])
         big = [s for s in ss if s["frac_limit"] is not None]
         if big:
             out += ["", f"Fraction of the memory-bandwidth limit (least bytes / B / time), "

@@ -78,23 +78,38 @@ def test_suite_runs_and_writes_files(tmp_path):
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):
-    """A rank that dies ends the run at once: the other is not left looping or waiting at the
-    barrier (600 s), and the worker says which rank died."""
+    """A rank that dies while it waits at a barrier ends the run at once: the survivor is not
+    left at the next barrier (600 s), and the worker says which rank died."""
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"collectives": ["allreduce"], "sizes": [8],
-                                "iters_small": 10**9, "skip_small": 10}))
+    # many short timed loops: a barrier every few milliseconds, for minutes
+    spec.write_text(json.dumps({"collectives": ["allreduce"], "sizes": [8] * 100000,
+                                "iters_small": 2000, "skip_small": 10}))
     worker = os.path.join(BENCH, "workers", "floor_worker.py")
     p = subprocess.Popen([sys.executable, worker, "2", str(spec), str(tmp_path / "out")],
-                         stderr=subprocess.PIPE, text=True)
-    children = f"/proc/{p.pid}/task/{p.pid}/children"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        kids = open(children).read().split() if os.path.exists(children) else []
-        if len(kids) == 2:
-            break
-        time.sleep(0.05)
-    assert len(kids) == 2, kids
-    time.sleep(0.5)                       # both in the (endless) timed loop
-    os.kill(int(kids[1]), signal.SIGKILL)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 1 and "exited with -9" in err, err
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def state(pid):  # R running, S sleeping (a barrier), T stopped
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+    try:
+        children = f"/proc/{p.pid}/task/{p.pid}/children"
+        deadline = time.monotonic() + 60
+        kids = []
+        while time.monotonic() < deadline and len(kids) < 2:
+            kids = open(children).read().split() if os.path.exists(children) else []
+            time.sleep(0.02)
+        assert len(kids) == 2, kids
+        os.kill(int(kids[0]), signal.SIGSTOP)    # rank 0 held: rank 1 ends up waiting for it
+        while time.monotonic() < deadline and state(kids[1]) != "S":
+            time.sleep(0.01)
+        assert state(kids[1]) == "S"              # rank 1 asleep at a barrier
+        os.kill(int(kids[1]), signal.SIGKILL)     # dies there (Barrier.abort() would then hang)
+        os.kill(int(kids[0]), signal.SIGCONT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 1 and "rank 1 exited with -9" in err, err
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)     # nothing of the run may outlive the test
+        except ProcessLookupError:
+            pass
+        p.wait()

@@ -2,9 +2,10 @@
 
     python floor_worker.py P SPEC.json OUT_PREFIX
 
-Forks P processes, pinned as `python -m hbmcoll.run` pins its ranks (rank r on the r-th allowed
-CPU), that all at once do `out = in + 1` on their own buffers: read the N-byte input, write the
-N-byte output with ordinary stores. Same rotation, touch and timing loop as the library workers
+Forks P processes, rank r pinned to the r-th allowed CPU (where hbmcoll's launcher puts its
+ranks when there are no more ranks than cores; on larger machines it spreads them), that all at
+once do `out = in + 1` on their own buffers: read the N-byte input, write the N-byte output with
+ordinary stores. Same rotation, touch and timing loop as the library workers
 (common.py), so a library's time over this one is what its communication costs on top of the
 bytes every rank must read and write anyway. Only allreduce has a floor; other collectives are
 reported as not supported. Buffers are ordinary NumPy arrays, so the floor is for the
@@ -39,6 +40,18 @@ def rank_main(rank, P, spec, out, barrier):
                                 "pinned_cpu": cpus[rank % len(cpus)]}, rows)
 
 
+def end_ranks(procs):
+    """SIGTERM, then SIGKILL, whatever each rank is doing. (Not Barrier.abort(): it waits,
+    without a timeout, for every rank at the barrier to wake, and a dead one never does.)"""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: floor_worker.py P SPEC.json OUT_PREFIX")
@@ -55,9 +68,9 @@ def main():
             p = left.pop(s)
             p.join()
             if p.exitcode != 0:
-                barrier.abort()
-                for q in left.values():
-                    q.terminate()
+                end_ranks(list(left.values()))
+                left.clear()
+                break
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     for r, code in bad:
         print(f"[floor] rank {r} exited with {code}", file=sys.stderr)

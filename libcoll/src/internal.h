@@ -206,7 +206,7 @@ void coll__copy_stream(void *dst, const void *src, size_t n);
 void coll__stream_fence(void);
 /* memcpy, or coll__copy_stream when `stream` (the caller fences). */
 void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream);
-int coll__cpu_fast_strings(void);
+int coll__cpu_rep_movsb_fast(void);
 /* aliasing.c: if send partly overlaps recv (not an in-place form), *safe = a
  * with send pointing to a malloc'd copy in *copy (the caller frees it) and 1
  * is returned; 0: nothing to do; -ENOMEM. */

@@ -15,8 +15,8 @@
  *                        (cma.c; default 0: staging was faster on the machines we measured)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
- *                        memcpy (default 1 MiB on CPUs with fast string moves, else off;
- *                        "off" to leave them all to memcpy; stream_copy.c)
+ *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
+ *                        leaves them all to memcpy; stream_copy.c)
  * Malformed values are ignored in favour of the default; the Python layer
  * validates and reports them (hbmcoll.topology()).
  */
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -127,9 +128,9 @@ void coll__params_load(coll__params_t *p) {
   p->cma = cma && strcmp(cma, "1") == 0;
   p->cma_min = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0);
   const char *rep = getenv("HBMCOLL_REP_MOVSB_MIN");
-  p->rep_movsb_min = rep && strcmp(rep, "off") == 0 ? SIZE_MAX
+  p->rep_movsb_min = rep && strcasecmp(rep, "off") == 0 ? SIZE_MAX
                      : param_size("HBMCOLL_REP_MOVSB_MIN",
-                                  coll__cpu_fast_strings() ? (size_t)1 << 20 : SIZE_MAX, 0);
+                                  coll__cpu_rep_movsb_fast() ? (size_t)1 << 20 : SIZE_MAX, 0);
 }
 
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name) {

@@ -18,6 +18,16 @@
 #include <stdlib.h>
 #include <string.h>
 #if defined(__SANITIZE_ADDRESS__)
+#define HB_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang before 22 */
+#define HB_ASAN 1
+#endif
+#endif
+#ifndef HB_ASAN
+#define HB_ASAN 0
+#endif
+#if HB_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -53,17 +63,25 @@ void coll__stream_fence(void) {}
 
 /*
  * Large ordinary copies: glibc's memcpy (2.36) leaves `rep movsb` for a vector
- * loop from the L2 size up on AMD, because string moves were slow on the
- * first Zen cores. Where the CPU advertises fast string moves (FSRM: Zen 3+,
- * Ice Lake+) `rep movsb` measured faster from there on (EPYC VM, 2 cores
- * copying at once, 16 rotating buffers: 1 MiB 29-46 us against 38-65 for
- * memcpy; 1 MiB gather, medians of 15: 159 -> 143 us), so copies from
- * HBMCOLL_REP_MOVSB_MIN bytes (default 1 MiB there, never elsewhere) use it.
+ * loop from the L2 size up on AMD, because string moves were slow there: on
+ * Zen 3 and 4 up to 20x slower when source and destination are misaligned to
+ * each other (glibc bug 30994). On Zen 5 `rep movsb` measured faster from
+ * there on (EPYC VM, 2 cores copying 1 MiB at once from 16 rotating buffers:
+ * 29-46 us against 38-65 for memcpy; 1 MiB gather 149 -> 126 us), so copies
+ * from HBMCOLL_REP_MOVSB_MIN bytes use it (default 1 MiB on AMD family 1Ah,
+ * Zen 5, and later; off elsewhere, where it was not measured), and only when
+ * source and destination sit at the same offset within a cache line, the
+ * case it won (NumPy's large arrays start 16 bytes into a page; offsets that
+ * differ by 4-15 bytes lost most of the gain even on Zen 5).
  */
-int coll__cpu_fast_strings(void) {
+int coll__cpu_rep_movsb_fast(void) {
 #if defined(__x86_64__)
   unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+  int amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163; /* "AuthenticAMD" */
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  unsigned family = (a >> 8 & 0xf) + ((a >> 8 & 0xf) == 0xf ? (a >> 20 & 0xff) : 0);
+  if (family < 0x1a || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
   return (b >> 9 & 1) && (d >> 4 & 1); /* ERMS and FSRM */
 #else
   return 0;
@@ -71,7 +89,7 @@ int coll__cpu_fast_strings(void) {
 }
 
 static void copy_rep_movsb(void *dst, const void *src, size_t n) {
-#if defined(__SANITIZE_ADDRESS__) /* ASan sees memcpy, not an instruction: check as it would */
+#if HB_ASAN /* ASan sees memcpy, not an instruction: check as it would */
   const void *bad = __asan_region_is_poisoned(dst, n);
   if (!bad) bad = __asan_region_is_poisoned((void *)src, n);
   if (bad) {
@@ -88,6 +106,7 @@ static void copy_rep_movsb(void *dst, const void *src, size_t n) {
 
 void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream) {
   if (stream) coll__copy_stream(dst, src, n);
-  else if (n >= c->params.rep_movsb_min) copy_rep_movsb(dst, src, n);
+  else if (n >= c->params.rep_movsb_min && (((uintptr_t)dst - (uintptr_t)src) & 63) == 0)
+    copy_rep_movsb(dst, src, n);
   else memcpy(dst, src, n);
 }
