@@ -66,7 +66,7 @@ static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbyte
     uint8_t *mine = (uint8_t *)a->recv + (size_t)me * nbytes;
     coll__publish_arrive(c, t0 + 1);
     /* send is my block of the output or apart from it (aliasing.c) */
-    if (mine != (const uint8_t *)a->send) memcpy(mine, a->send, nbytes); /* while the others write */
+    if (mine != (const uint8_t *)a->send) coll__copy(c, mine, a->send, nbytes, 0); /* while the others write */
     return coll__wait_all_done(c, t0 + 1);
   }
   if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait_arrive(c, root, t0 + 1)) != 0)
@@ -87,6 +87,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   const uint8_t *send = a->send;
   uint64_t push = me == root && K > 1 ? coll__arena_offset(c, a->recv, nbytes * (size_t)c->size) : 0;
   uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, push);
+  int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* the root's whole output */
 
   if (me != root) {
     for (uint64_t k = 0; k < K; k++) {
@@ -100,7 +101,6 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
       if (k == 0 && (rc = coll__meet(c, root, t0)) != 0) return rc;
       if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
         if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
-        int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* the root's whole output */
         coll__copy(c, c->base + push + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk, stream);
         if (stream) coll__stream_fence();
         coll__publish_arrive(c, t0 + 1);
@@ -115,8 +115,8 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
 
   coll__publish_arrive(c, t0);
   uint8_t *recv = a->recv;
-  /* my own part; send is this block of recv or apart from it (aliasing.c) */
-  int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* my whole output; fenced at the end */
+  /* my own part; send is this block of recv or apart from it (aliasing.c); streamed
+   * copies are fenced at the end */
   if (nbytes && recv + (size_t)me * nbytes != send) coll__copy(c, recv + (size_t)me * nbytes, send, nbytes, stream);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
