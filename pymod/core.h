@@ -4,6 +4,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdatomic.h>
 
 #include "coll.h"
 
@@ -26,7 +27,7 @@ typedef struct {
 typedef struct {
   PyObject_HEAD
   coll_comm_t *comm;
-  PyThread_type_lock lock; /* one Python thread at a time */
+  atomic_int busy; /* one Python thread at a time (hb_comm_lock) */
   hb_state_t *state;
   PyObject *placement; /* Placement the segment was placed with, or NULL */
   coll_comm_t *kept;   /* closed, but arena arrays still point into its mapping */
@@ -44,6 +45,7 @@ int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
 /* _core.c */
 PyObject *hb_raise(hb_state_t *st, int code, const char *text);
 int hb_comm_lock(hb_comm_t *self);
+void hb_comm_unlock(hb_comm_t *self);
 /* Build coll_args_t from Python objects; holds the buffers in send/recv. */
 int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op, int root,
                coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb);

@@ -924,6 +924,33 @@ def test_thread_runs_during_wait(run_ranks, P):
     run_ranks(P, thread_rank, 1.0, timeout=60)
 
 
+def contended_rank(comm):
+    """Two threads of one rank share a communicator: the second waits (without the GIL) until
+    the first's collective is over, then runs its own; the calls keep their order."""
+    me = comm.rank
+    if me == 0:
+        box = []
+        first = threading.Thread(target=lambda: box.append(comm.allreduce(np.array([1], np.int64))))
+        first.start()
+        time.sleep(0.2)  # `first` now waits inside allreduce for rank 1
+        t0 = time.monotonic()
+        comm.barrier()  # must wait for `first` to finish, not run inside it
+        waited = time.monotonic() - t0
+        first.join(30)
+        assert box and int(box[0][0]) == comm.size, box
+        assert waited > 0.3, waited
+    else:
+        time.sleep(0.8)
+        x = comm.allreduce(np.array([1], np.int64))
+        assert int(x[0]) == comm.size
+        comm.barrier()
+    return me
+
+
+def test_threads_share_a_communicator(run_ranks):
+    run_ranks(2, contended_rank, timeout=60)
+
+
 # ---- buffer kinds: bytearray, memoryview, torch ---------------------------------------------------
 
 def buffers_rank(comm):
