@@ -16,6 +16,7 @@ import statistics
 
 import limits as L
 import noise
+import targets as T
 
 PEERS = ("mpi4py", "torch")
 FLOOR = "floor"   # bench/workers/floor_worker.py: the local memory work alone
@@ -121,7 +122,7 @@ def _ratio(x):
     return "-" if x is None else f"{x:.3g}"
 
 
-def markdown(summ, lim, meta, oversub):
+def markdown(summ, lim, meta, oversub, tg=None):
     out = [f"# hbmcoll bench {meta.get('run_id', '')}", ""]
     m = meta.get("machine", {})
     out.append(f"Machine: {m.get('cpu_model')}, {m.get('usable_cpus')} usable CPUs, "
@@ -164,6 +165,7 @@ def markdown(summ, lim, meta, oversub):
                    "out-of-place allreduce cannot avoid: read the input, write the output). "
                    "A library's time over the floor is what its communication adds.")
     out.append("")
+    out += T.markdown(tg)
     labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)
                                                                 if x in PEERS else 0, x))
     for (coll, P) in sorted({(s["collective"], s["P"]) for s in summ}, key=_coll_key):
@@ -274,12 +276,14 @@ def plots(outdir, summ, lim):
 
 def write_all(outdir, meta, rows, summ, lim, oversub):
     meta["plots"] = plots(outdir, summ, lim)
-    doc = {"meta": meta, "limits": lim, "summary": summ, "rows": rows, "oversubscribed": oversub}
+    tg = T.check(summ, rows, oversub)
+    doc = {"meta": meta, "limits": lim, "summary": summ, "rows": rows, "oversubscribed": oversub,
+           "targets": tg}
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)
     write_csv(os.path.join(outdir, "results.csv"), summ)
     write_csv(os.path.join(outdir, "rounds.csv"), rows)
-    md = markdown(summ, lim, meta, oversub)
+    md = markdown(summ, lim, meta, oversub, tg)
     with open(os.path.join(outdir, "table.md"), "w") as f:
         f.write(md + "\n")
     return md

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(BENCH, "workers"))
 import common  # noqa: E402
 import limits  # noqa: E402
 import report  # noqa: E402
+import targets  # noqa: E402
 
 
 def test_iterations_follow_osu():
@@ -52,6 +53,27 @@ def test_summary_ratios_and_fraction():
     assert s["mpi4py"]["frac_limit"] == pytest.approx(4 * (1 << 20) / 10e9 / 100e-6)
 
 
+def test_targets_verdict_pairs_rounds_and_oversub():
+    def row(lb, rnd, t, size=1 << 20):
+        return {"label": lb, "library": lb.split("-")[0], "P": 2, "collective": "allreduce",
+                "size": size, "round": rnd, "avg_us": t, "min_us": t, "max_us": t, "status": "ok"}
+    # MPICH 310/200/400 us, hbmcoll 100/90/140: best 200/90 = 2.2x (missed), rounds 3.1/2.2/2.9
+    rows = [row("mpi4py", k, t) for k, t in enumerate((310.0, 200.0, 400.0))] + \
+           [row("hbmcoll-numpy", k, t) for k, t in enumerate((100.0, 90.0, 140.0))] + \
+           [row("mpi4py", 0, 20.0, 65536), row("hbmcoll-numpy", 0, 5.0, 65536)]
+    summ = report.summarize(rows, None)
+    oversub = [{"label": "mpi4py", "avg_us": 24000.0}, {"label": "hbmcoll-numpy", "avg_us": 30.0}]
+    res = {(r["target"], r["label"]): r for r in targets.check(summ, rows, oversub)}
+    one = res["allreduce 1 MiB >= 3x MPICH", "hbmcoll-numpy"]
+    assert one["measured"] == pytest.approx(200 / 90) and one["ok"] is False
+    assert one["paired_median"] == pytest.approx(400 / 140) and one["rounds_held"] == "1/3"
+    assert res["allreduce 64 KiB >= 3x MPICH", "hbmcoll-numpy"]["ok"] is True
+    assert res["8 ranks on 2 cores: 8 B allreduce >= 10x MPICH", "hbmcoll-numpy"]["ok"] is True
+    assert res["bcast 1 MiB >= 2x MPICH", "hbmcoll-numpy"]["ok"] is None   # not measured
+    md = "\n".join(targets.markdown(targets.check(summ, rows, oversub)))
+    assert "missed allreduce 1 MiB >= 3x MPICH (hbmcoll-numpy: 2.22x)" in md, md
+
+
 def test_suite_runs_and_writes_files(tmp_path):
     cmd = [sys.executable, os.path.join(BENCH, "suite.py"), "--sizes", "8,64K",
            "--collectives", "allreduce,bcast,gather,barrier", "--iters", "20",
@@ -71,7 +93,11 @@ def test_suite_runs_and_writes_files(tmp_path):
     assert all(t["status"] == "ok" for t in doc["meta"]["tasks"]), doc["meta"]["tasks"]
     with open(os.path.join(run, "results.csv")) as f:
         assert len(list(csv.DictReader(f))) == len(doc["summary"])
-    assert "## allreduce, 2 ranks" in open(os.path.join(run, "table.md")).read()
+    table = open(os.path.join(run, "table.md")).read()
+    assert "## allreduce, 2 ranks" in table
+    # the issue-4 targets are checked in every run that has the peers (64 KiB allreduce here)
+    ar64 = [t for t in doc["targets"] if t["target"] == "allreduce 64 KiB >= 3x MPICH"]
+    assert ar64 and ar64[0]["measured"] > 0 and "## Speed targets" in table, doc["targets"]
     # the floor (no communication) is measured for allreduce only, beside the libraries
     floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == "floor"}
     assert floor == {("allreduce", 8), ("allreduce", 65536)}, floor

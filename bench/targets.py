@@ -1,0 +1,111 @@
+"""The speed targets hbmcoll holds itself to (issue 4), checked against a run's own numbers.
+
+Each target compares hbmcoll with a peer measured in the same run, 2 ranks, float32. The verdict
+uses the run's headline numbers (each library's best round, as in every table). Beside it: the
+median over rounds of the ratio taken within each round (the libraries of one round run minutes
+apart at most, so this pairs them under the same host state) and in how many rounds the target
+held: a target met only in the best rounds is not one that holds.
+
+    python bench/targets.py RESULTS_DIR      # re-check a finished run (its results.json)
+"""
+import json
+import statistics
+import sys
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# (what, collective, size, hbmcoll labels, peer, least speedup = peer time / hbmcoll time)
+SPEEDUPS = [
+    ("allreduce 64 KiB >= 3x MPICH", "allreduce", 64 * KiB, ["hbmcoll-numpy"], "mpi4py", 3.0),
+    ("allreduce 1 MiB >= 3x MPICH", "allreduce", MiB, ["hbmcoll-numpy"], "mpi4py", 3.0),
+    ("allreduce 16 MiB >= 2x MPICH, NumPy buffers", "allreduce", 16 * MiB, ["hbmcoll-numpy"],
+     "mpi4py", 2.0),
+    ("allreduce 16 MiB >= 3x MPICH, hbmcoll.empty", "allreduce", 16 * MiB, ["hbmcoll-empty"],
+     "mpi4py", 3.0),
+    ("allreduce 8 B <= 0.8x MPICH's latency", "allreduce", 8, ["hbmcoll-numpy", "hbmcoll-empty"],
+     "mpi4py", 1.25),
+    ("bcast 1 MiB >= 2x MPICH", "bcast", MiB, ["hbmcoll-numpy"], "mpi4py", 2.0),
+    ("gather 1 MiB >= 2x MPICH", "gather", MiB, ["hbmcoll-numpy"], "mpi4py", 2.0),
+    ("bcast 8 B never slower than MPICH", "bcast", 8, ["hbmcoll-numpy", "hbmcoll-empty"],
+     "mpi4py", 1.0),
+    ("gather 8 B never slower than MPICH", "gather", 8, ["hbmcoll-numpy", "hbmcoll-empty"],
+     "mpi4py", 1.0),
+    ("allreduce 64 KiB >= 20x gloo", "allreduce", 64 * KiB, ["hbmcoll-numpy"], "torch", 20.0),
+    ("allreduce 16 MiB >= 5x gloo", "allreduce", 16 * MiB, ["hbmcoll-numpy"], "torch", 5.0),
+]
+OVERSUB = ("8 ranks on 2 cores: 8 B allreduce >= 10x MPICH", 10.0)
+LIMIT = ("allreduce 16 MiB >= 50% of the memory-bandwidth limit", "allreduce", 16 * MiB,
+         "hbmcoll-numpy", 0.5)
+
+
+def _per_round(rows, label, coll, size, P=2):
+    return {r["round"]: r["avg_us"] for r in rows
+            if r.get("status", "ok") == "ok" and r["label"] == label and r["collective"] == coll
+            and r["size"] == size and r["P"] == P}
+
+
+def check(summ, rows, oversub, P=2):
+    """One dict per target and hbmcoll label: measured, paired median, rounds held, verdict."""
+    best = {(s["label"], s["P"], s["collective"], s["size"]): s for s in summ}
+    out = []
+    for what, coll, size, labels, peer, need in SPEEDUPS:
+        for lb in labels:
+            h, p = best.get((lb, P, coll, size)), best.get((peer, P, coll, size))
+            res = {"target": what, "label": lb, "need": need, "measured": None,
+                   "paired_median": None, "rounds_held": None, "ok": None}
+            if h and p:
+                res["measured"] = p["avg_us"] / h["avg_us"]
+                res["ok"] = res["measured"] >= need
+                hr, pr = _per_round(rows, lb, coll, size, P), _per_round(rows, peer, coll, size, P)
+                pairs = [pr[k] / hr[k] for k in hr if k in pr]
+                if pairs:
+                    res["paired_median"] = statistics.median(pairs)
+                    res["rounds_held"] = f"{sum(x >= need for x in pairs)}/{len(pairs)}"
+            out.append(res)
+    what, need = OVERSUB
+    ref = next((o.get("avg_us") for o in oversub or [] if o["label"] == "mpi4py"), None)
+    for o in oversub or []:
+        if o["label"] != "mpi4py" and o.get("avg_us") and ref:
+            out.append({"target": what, "label": o["label"], "need": need,
+                        "measured": ref / o["avg_us"], "paired_median": None,
+                        "rounds_held": None, "ok": ref / o["avg_us"] >= need})
+    what, coll, size, lb, need = LIMIT
+    s = best.get((lb, P, coll, size))
+    if s and s.get("frac_limit") is not None:
+        out.append({"target": what, "label": lb, "need": need, "measured": s["frac_limit"],
+                    "paired_median": None, "rounds_held": None, "ok": s["frac_limit"] >= need})
+    return out
+
+
+def markdown(results):
+    if not any(r["measured"] is not None for r in results or []):
+        return []  # not a 2-rank run with the peers
+    miss = [r for r in results if r["ok"] is False]
+    lines = ["## Speed targets (issue 4), 2 ranks", "",
+             f"{len(results) - len(miss)} of {len(results)} held in this run" +
+             (": missed " + "; ".join(f"{r['target']} ({r['label']}: {_x(r)})" for r in miss)
+              if miss else "") + ". Speedup = peer's time / hbmcoll's, each library's best "
+             "round; paired = the median over rounds of the ratio within each round.", "",
+             "| target | hbmcoll | speedup | paired | rounds held | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        v = "-" if r["ok"] is None else ("ok" if r["ok"] else "**missed**")
+        pm = "-" if r["paired_median"] is None else f"{r['paired_median']:.2f}x"
+        lines.append(f"| {r['target']} | {r['label']} | {_x(r)} | {pm} | "
+                     f"{r['rounds_held'] or '-'} | {v} |")
+    return lines + [""]
+
+
+def _x(r):
+    if r["measured"] is None:
+        return "not measured"
+    return f"{r['measured']:.0%}" if r["need"] < 1 else f"{r['measured']:.2f}x"
+
+
+def main(argv):
+    doc = json.load(open(argv[1].rstrip("/") + "/results.json"))
+    print("\n".join(markdown(check(doc["summary"], doc["rows"], doc.get("oversubscribed")))))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
