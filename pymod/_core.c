@@ -12,7 +12,6 @@
 #include "core.h"
 
 #include <errno.h>
-#include <time.h>
 
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
 
@@ -52,28 +51,6 @@ static int hb_interrupt(void *arg) {
   return rc < 0;
 }
 
-/* One Python thread at a time per communicator. A flag, not a PyThread lock:
- * CPython 3.11 reads the clock on every lock acquire, even a non-blocking
- * one, and that was a tenth of a small collective's cost in Python. A thread
- * that finds the flag taken waits without the GIL, checking for signals. */
-int hb_comm_lock(hb_comm_t *self) {
-  for (long ns = 20000; self->comm && atomic_exchange_explicit(&self->busy, 1, memory_order_acquire);
-       ns = ns < 1000000 ? 2 * ns : ns) {
-    struct timespec ts = {0, ns};
-    Py_BEGIN_ALLOW_THREADS
-    nanosleep(&ts, NULL);
-    Py_END_ALLOW_THREADS
-    if (PyErr_CheckSignals() < 0) return -1;
-  }
-  if (self->comm == NULL) { /* closed, maybe while I waited */
-    PyErr_SetString(self->state->Error, "the communicator is closed");
-    return -1;
-  }
-  return 0;
-}
-
-void hb_comm_unlock(hb_comm_t *self) { atomic_store_explicit(&self->busy, 0, memory_order_release); }
-
 static PyObject *hb_comm_error(hb_comm_t *self, int rc) {
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   const char *text = NULL;
@@ -94,6 +71,7 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return NULL;
   hb_comm_t *self = (hb_comm_t *)type->tp_alloc(type, 0);
   if (self == NULL) return NULL;
+  hb_comm_lock_init(self);
   self->state = PyType_GetModuleState(type);
   if (size < 1 || rank < 0 || rank >= size) {
     Py_DECREF(self);
@@ -140,6 +118,7 @@ static void comm_dealloc(hb_comm_t *self) {
   coll_comm_free(self->kept);
   self->kept = NULL;
   Py_CLEAR(self->placement);
+  hb_comm_lock_destroy(self);
   tp->tp_free(self);
   Py_DECREF(tp);
 }
@@ -338,6 +317,7 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
     PyTypeObject *tp = Py_TYPE(self);
     hb_comm_t *obj = (hb_comm_t *)tp->tp_alloc(tp, 0);
     if (obj) {
+      hb_comm_lock_init(obj);
       obj->state = self->state;
       obj->comm = sub;
       obj->placement = Py_XNewRef(self->placement);

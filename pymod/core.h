@@ -4,6 +4,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "coll.h"
@@ -27,7 +28,11 @@ typedef struct {
 typedef struct {
   PyObject_HEAD
   coll_comm_t *comm;
-  atomic_int busy; /* one Python thread at a time (hb_comm_lock) */
+  atomic_int busy; /* one Python thread at a time (comm_lock.c) */
+  atomic_int waiters;
+  pthread_mutex_t wait_mu;
+  pthread_cond_t wait_cv;
+  int lock_ready;
   hb_state_t *state;
   PyObject *placement; /* Placement the segment was placed with, or NULL */
   coll_comm_t *kept;   /* closed, but arena arrays still point into its mapping */
@@ -44,6 +49,9 @@ int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
 
 /* _core.c */
 PyObject *hb_raise(hb_state_t *st, int code, const char *text);
+/* comm_lock.c */
+void hb_comm_lock_init(hb_comm_t *self);
+void hb_comm_lock_destroy(hb_comm_t *self);
 int hb_comm_lock(hb_comm_t *self);
 void hb_comm_unlock(hb_comm_t *self);
 /* Build coll_args_t from Python objects; holds the buffers in send/recv. */
