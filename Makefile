@@ -32,11 +32,16 @@ deps:
 	  $(PYTHON) -m pip install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py; }
 
 # Builds the extension in place (pymod/hbmcoll/_core*.so) and installs the
-# package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work.
+# package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work,
+# outside make too. The install must point at this checkout: an editable
+# install of another clone would otherwise run that clone's code.
 build: deps
 	$(PYTHON) setup.py -q build_ext --inplace
-	@$(PYTHON) -c "import hbmcoll" 2>/dev/null && command -v hbmcoll-run >/dev/null || \
-	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . >/dev/null
+	@env -u PYTHONPATH $(PYTHON) -c "import hbmcoll, os, sys; \
+	  sys.exit(not os.path.realpath(hbmcoll.__file__).startswith(os.path.realpath('$(CURDIR)/pymod') + os.sep))" \
+	  2>/dev/null && command -v hbmcoll-run >/dev/null || \
+	  { echo "installing hbmcoll from $(CURDIR) (editable)"; \
+	    $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . >/dev/null; }
 
 demo: build
 	$(PYTHON) -m hbmcoll.run -n 4 examples/demo.py
