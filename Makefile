@@ -7,6 +7,7 @@
 PYTHON ?= python3
 BUILD := build
 CC ?= cc
+CALLER_PYTHONPATH := $(PYTHONPATH)
 export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev numactl \
@@ -33,13 +34,15 @@ deps:
 
 # Builds the extension in place (pymod/hbmcoll/_core*.so) and installs the
 # package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work,
-# outside make too. The install must point at this checkout: an editable
-# install of another clone would otherwise run that clone's code.
+# outside make too. What the caller's own environment imports must be this
+# checkout (an editable install of another clone would run that clone's code);
+# hbmcoll:dev reaches it through its PYTHONPATH, so that counts.
 build: deps
 	$(PYTHON) setup.py -q build_ext --inplace
-	@env -u PYTHONPATH $(PYTHON) -c "import hbmcoll, os, sys; \
-	  sys.exit(not os.path.realpath(hbmcoll.__file__).startswith(os.path.realpath('$(CURDIR)/pymod') + os.sep))" \
-	  2>/dev/null && command -v hbmcoll-run >/dev/null || \
+	@HERE="$(CURDIR)/pymod" $(if $(CALLER_PYTHONPATH),PYTHONPATH="$(CALLER_PYTHONPATH)",env -u PYTHONPATH) \
+	  $(PYTHON) -c "import hbmcoll, os, sys; sys.exit(not os.path.realpath(hbmcoll.__file__) \
+	  .startswith(os.path.realpath(os.environ['HERE']) + os.sep))" 2>/dev/null && \
+	  command -v hbmcoll-run >/dev/null || \
 	  { echo "installing hbmcoll from $(CURDIR) (editable)"; \
 	    $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . >/dev/null; }
 

@@ -5,18 +5,18 @@
  * back. A PyThread lock cost more: CPython 3.11 reads the clock on every
  * acquire, even a non-blocking one (a tenth of a small collective's cost in
  * Python). A thread that finds the flag taken waits on a condition variable
- * without the GIL, in slices, so Ctrl-C still ends the wait; the holder
+ * without the GIL, in 200 ms slices, so Ctrl-C still ends the wait; the holder
  * signals it only when someone waits (`waiters`, read after the flag is
  * given back: both are sequentially consistent, so either the holder sees
  * the waiter or the waiter sees the flag free).
  */
 #include "core.h"
 
-#include <errno.h>
 #include <time.h>
 
-enum { LOCK_SLICE_MS = 50 };
+enum { LOCK_SLICE_MS = 200 }; /* Ctrl-C ends a wait within this */
 
+/* Linux's pthread init calls cannot fail with default attributes. */
 void hb_comm_lock_init(hb_comm_t *self) {
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);

@@ -924,31 +924,42 @@ def test_thread_runs_during_wait(run_ranks, P):
     run_ranks(P, thread_rank, 1.0, timeout=60)
 
 
-def contended_rank(comm):
+def contended_rank(comm, rounds):
     """Two threads of one rank share a communicator: the second waits (without the GIL) until
-    the first's collective is over, then runs its own; the calls keep their order."""
+    the first's collective is over, then runs its own at once; the calls keep their order."""
     me = comm.rank
-    if me == 0:
-        box = []
-        first = threading.Thread(target=lambda: box.append(comm.allreduce(np.array([1], np.int64))))
-        first.start()
-        time.sleep(0.2)  # `first` now waits inside allreduce for rank 1
-        t0 = time.monotonic()
-        comm.barrier()  # must wait for `first` to finish, not run inside it
-        waited = time.monotonic() - t0
-        first.join(30)
-        assert box and int(box[0][0]) == comm.size, box
-        assert waited > 0.3, waited
-    else:
-        time.sleep(0.8)
-        x = comm.allreduce(np.array([1], np.int64))
-        assert int(x[0]) == comm.size
-        comm.barrier()
+    handoffs = []
+    for _ in range(rounds):
+        comm.barrier()  # both ranks start together
+        if me == 0:
+            ended = []
+
+            def first():
+                x = comm.allreduce(np.array([1], np.int64))
+                ended.append(time.monotonic())
+                assert int(x[0]) == comm.size
+
+            t = threading.Thread(target=first)
+            t.start()
+            time.sleep(0.3)  # `first` now waits inside allreduce for rank 1
+            t0 = time.monotonic()
+            comm.barrier()  # must wait for `first` to finish, not run inside it
+            done = time.monotonic()
+            t.join(30)
+            assert ended and done - t0 > 0.4, (ended, done - t0)
+            handoffs.append(done - ended[0])
+        else:
+            time.sleep(1.0)
+            x = comm.allreduce(np.array([1], np.int64))
+            assert int(x[0]) == comm.size
+            comm.barrier()
+    if me == 0:  # woken when the flag is given back, not at the end of a 200 ms wait slice
+        assert sorted(handoffs)[len(handoffs) // 2] < 0.05, handoffs
     return me
 
 
 def test_threads_share_a_communicator(run_ranks):
-    run_ranks(2, contended_rank, timeout=60)
+    run_ranks(2, contended_rank, 3, timeout=60)
 
 
 # ---- buffer kinds: bytearray, memoryview, torch ---------------------------------------------------
