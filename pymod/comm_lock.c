@@ -24,14 +24,12 @@ void hb_comm_lock_init(hb_comm_t *self) {
   pthread_cond_init(&self->wait_cv, &attr);
   pthread_condattr_destroy(&attr);
   pthread_mutex_init(&self->wait_mu, NULL);
-  self->lock_ready = 1;
 }
 
+/* Both creation paths (Comm() and split) init right after tp_alloc. */
 void hb_comm_lock_destroy(hb_comm_t *self) {
-  if (!self->lock_ready) return;
   pthread_cond_destroy(&self->wait_cv);
   pthread_mutex_destroy(&self->wait_mu);
-  self->lock_ready = 0;
 }
 
 static int lock_try(hb_comm_t *self) { return !atomic_exchange(&self->busy, 1); }

@@ -32,7 +32,6 @@ typedef struct {
   atomic_int waiters;
   pthread_mutex_t wait_mu;
   pthread_cond_t wait_cv;
-  int lock_ready;
   hb_state_t *state;
   PyObject *placement; /* Placement the segment was placed with, or NULL */
   coll_comm_t *kept;   /* closed, but arena arrays still point into its mapping */
