@@ -164,6 +164,13 @@ def markdown(summ, lim, meta, oversub, tg=None):
                    "its own rotating buffers, all ranks at once, pinned (the memory work an "
                    "out-of-place allreduce cannot avoid: read the input, write the output). "
                    "A library's time over the floor is what its communication adds.")
+    if any(s["label"] == T.STAGED_FLOOR for s in summ):
+        out.append(f"`{T.STAGED_FLOOR}`: the floor's work plus the least data that must cross "
+                   "between the ranks through shared memory (each rank's output needs every "
+                   "element of its peers' private inputs), done by bare C in rsag's schedule "
+                   "with a spinning flag per chunk and nothing else (`bench/c/staged_floor.c`): "
+                   "the least an allreduce of private buffers can cost here, so the peers' "
+                   "time over it is the largest speedup any such library could show.")
     out.append("")
     out += T.markdown(tg)
     labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)
@@ -178,7 +185,7 @@ def markdown(summ, lim, meta, oversub, tg=None):
             _fmt(by[lb, z]["avg_us"]) if (lb, z) in by else "-" for lb in present] for z in sizes])
         for p in PEERS:                     # one ratio table per peer keeps tables narrow
             cols = [lb for lb in present if lb != p and p in present
-                    and not (p == "torch" and (lb in PEERS or lb == FLOOR))]
+                    and not (p == "torch" and (lb in PEERS or lb.startswith(FLOOR)))]
             if not cols:
                 continue
             out += ["", f"Time ratio to {p} (< 1: faster than {p}):", ""]

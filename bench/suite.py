@@ -59,9 +59,11 @@ def args_parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="quick mode (the default)")
     ap.add_argument("--full", action="store_true", help="full OSU sweep, every variant")
-    ap.add_argument("--libs", type=csv_list, default=["mpi4py", "torch", "hbmcoll", "floor"],
+    ap.add_argument("--libs", type=csv_list,
+                    default=["mpi4py", "torch", "hbmcoll", "floor", "floor-staged"],
                     help="floor: no communication, only the memory work of an out-of-place "
-                         "allreduce on each rank (bench/workers/floor_worker.py)")
+                         "allreduce on each rank; floor-staged: that plus the least data that "
+                         "must cross between ranks, in bare C (bench/workers/floor_worker.py)")
     ap.add_argument("--np", type=lambda s: [int(x) for x in csv_list(s)],
                     help="world sizes, e.g. 2,4,64 (quick: 2; full: 2 and the core count)")
     ap.add_argument("--collectives", type=csv_list)
@@ -123,7 +125,8 @@ def available(lib):
               "hbmcoll": ("import hbmcoll, importlib.util as u; hbmcoll.init; hbmcoll.empty; "
                           "assert u.find_spec('hbmcoll.run')",
                           None),
-              "floor": ("import numpy", None)}
+              "floor": ("import numpy", None),
+              "floor-staged": ("import numpy", os.environ.get("CC", "cc"))}
     code, launcher = probes[lib]
     if launcher and not shutil.which(launcher):
         return False, f"{launcher} not on PATH"
@@ -136,8 +139,9 @@ def available(lib):
 
 def command(lib, P, spec_path, prefix):
     worker = os.path.join(WORKERS, f"{lib}_worker.py")
-    if lib == "floor":
-        return [sys.executable, worker, str(P), spec_path, prefix]
+    if lib in ("floor", "floor-staged"):
+        return [sys.executable, os.path.join(WORKERS, "floor_worker.py"), str(P), spec_path,
+                prefix] + (["staged"] if lib == "floor-staged" else [])
     if lib == "mpi4py":
         return ["mpiexec", "-n", str(P), sys.executable, worker, spec_path, prefix]
     if lib == "torch":
@@ -284,7 +288,7 @@ def main(argv=None):
         else:
             skipped[lib] = why
             print(f"[bench] {lib} skipped: {why}", file=sys.stderr)
-    if not [lib for lib in libs if lib != "floor"]:
+    if not [lib for lib in libs if not lib.startswith("floor")]:
         sys.exit("[bench] no library available; see bench/README.md for the installs")
 
     spec0 = {"collectives": cfg["collectives"], "sizes": cfg["sizes"], "dtype": "float32",

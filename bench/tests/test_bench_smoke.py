@@ -17,6 +17,7 @@ sys.path.insert(0, BENCH)
 sys.path.insert(0, os.path.join(BENCH, "workers"))
 
 import common  # noqa: E402
+import floor_worker  # noqa: E402
 import limits  # noqa: E402
 import report  # noqa: E402
 import targets  # noqa: E402
@@ -84,6 +85,49 @@ def test_targets_verdict_pairs_rounds_and_oversub():
     # not oversubscribed (more cores than ranks): not judged
     wide = [dict(o, cores=64) for o in oversub]
     assert not [r for r in targets.check(summ, rows, wide) if r["target"].startswith("8 ranks")]
+    # the staged floor bounds what private buffers allow: best MPICH 200 us over its 80 us is
+    # a ceiling of 2.5x, below 3x, so the 1 MiB miss is out of reach; at 64 KiB 20/4 = 5x
+    staged = [row("floor-staged", k, t) for k, t in enumerate((90.0, 80.0, 85.0))]
+    staged.append(row("floor-staged", 0, 4.0, 65536))
+    summ = report.summarize(rows + staged, None)
+    res = {(r["target"], r["label"]): r for r in targets.check(summ, rows + staged, oversub)}
+    assert res["allreduce 1 MiB >= 3x MPICH", "hbmcoll-numpy"]["ceiling"] == pytest.approx(2.5)
+    assert res["allreduce 64 KiB >= 3x MPICH", "hbmcoll-numpy"]["ceiling"] == pytest.approx(5.0)
+    assert res["allreduce 16 MiB >= 3x MPICH, hbmcoll.empty", "hbmcoll-empty"]["ceiling"] is None
+    md = "\n".join(targets.markdown(targets.check(summ, rows + staged, oversub)))
+    assert "1 of the misses out of reach" in md and "| 2.50x | **missed** (out of reach) |" in md, md
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_staged_floor_kernel_is_an_allreduce(P):
+    """The staged floor must do the work it stands for: every rank ends with the sum, for a
+    length that leaves a partial chunk and uneven slices, call after call."""
+    kernel = floor_worker.staged_kernel()
+    import mmap
+    import numpy as np
+    shared = mmap.mmap(-1, kernel.staged_floor_bytes(P))
+    n = 150_001                       # 2 chunks of 64 Ki floats and a partial one
+    pids = []
+    for me in range(P):
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                import ctypes
+                base = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+                ok = True
+                for it in range(5):
+                    x = np.arange(n, dtype=np.float32) % 97 + me + it
+                    out = np.zeros(n, np.float32)
+                    want = sum(np.arange(n, dtype=np.float32) % 97 + q + it for q in range(P))
+                    rc = kernel.staged_floor_allreduce(base, me, P, x.ctypes.data,
+                                                       out.ctypes.data, n)
+                    ok = ok and rc == 0 and np.array_equal(out, want)
+            finally:
+                os._exit(0 if ok else 1)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    assert codes == [0] * P
 
 
 def test_suite_runs_and_writes_files(tmp_path):
@@ -112,8 +156,9 @@ def test_suite_runs_and_writes_files(tmp_path):
         ar64 = [t for t in doc["targets"] if t["target"] == "allreduce 64 KiB >= 3x MPICH"]
         assert ar64 and ar64[0]["measured"] > 0 and "## Speed targets" in table, doc["targets"]
     # the floor (no communication) is measured for allreduce only, beside the libraries
-    floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == "floor"}
-    assert floor == {("allreduce", 8), ("allreduce", 65536)}, floor
+    for lb in ("floor", "floor-staged"):
+        floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == lb}
+        assert floor == {("allreduce", 8), ("allreduce", 65536)}, (lb, floor)
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):

@@ -1,6 +1,10 @@
-"""Local floor: the memory work an out-of-place allreduce cannot avoid, with no communication.
+"""Floors: what an out-of-place allreduce of private buffers cannot avoid, with no library.
 
-    python floor_worker.py P SPEC.json OUT_PREFIX
+    python floor_worker.py P SPEC.json OUT_PREFIX [staged]
+
+`floor` (the default): no communication, only each rank's memory work.
+`staged` (label floor-staged): that work plus the least data that must cross between the
+ranks, done by a bare C kernel (bench/c/staged_floor.c, compiled here on first use): see there.
 
 Forks P processes, rank r pinned to the r-th allowed CPU (where hbmcoll's launcher puts its
 ranks when there are no more ranks than cores; on larger machines it spreads them), that all at
@@ -11,10 +15,14 @@ bytes every rank must read and write anyway. Only allreduce has a floor; other c
 reported as not supported. Buffers are ordinary NumPy arrays, so the floor is for the
 out-of-place variants (mpi4py, hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
 """
+import ctypes
+import mmap
 import multiprocessing as mp
 import multiprocessing.connection  # noqa: F401  (mp.connection.wait)
 import os
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
@@ -22,7 +30,36 @@ import numpy as np  # noqa: E402
 import common as C  # noqa: E402
 
 
-def rank_main(rank, P, spec, out, barrier):
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
+
+
+def staged_kernel():
+    """The staged floor's kernel as a ctypes library, compiled (again) when its source is newer."""
+    build = os.path.join(HERE, "..", "..", "build")
+    if not os.access(build if os.path.isdir(build) else os.path.dirname(build), os.W_OK):
+        build = tempfile.gettempdir()
+    os.makedirs(build, exist_ok=True)
+    so = os.path.join(build, "staged_floor.so")
+    if not os.path.exists(so) or os.path.getmtime(so) < os.path.getmtime(KERNEL_SRC):
+        tmp = f"{so}.{os.getpid()}"
+        cc = os.environ.get("CC", "cc")
+        p = subprocess.run([cc, "-std=c11", "-O3", "-march=native", "-shared", "-fPIC",
+                            KERNEL_SRC, "-o", tmp], capture_output=True, text=True)
+        if p.returncode:
+            sys.exit(f"[floor] cannot build the staged floor's kernel with {cc}: "
+                     f"{p.stderr.strip()[-400:]}")
+        os.replace(tmp, so)  # atomic: a concurrent run sees the old file or the new one
+    lib = ctypes.CDLL(so)
+    lib.staged_floor_bytes.argtypes = [ctypes.c_int]
+    lib.staged_floor_bytes.restype = ctypes.c_size_t
+    lib.staged_floor_allreduce.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    lib.staged_floor_allreduce.restype = ctypes.c_int
+    return lib
+
+
+def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     one = C.DTYPE(1)
@@ -33,11 +70,21 @@ def rank_main(rank, P, spec, out, barrier):
         n = C.count(size)
         s = [C.filled(n, rank + k) for k in range(nbuf)]
         r = [C.output(n) for _ in range(nbuf)]
-        return (lambda k: np.add(s[k], one, out=r[k])), s
+        if kernel is None:
+            return (lambda k: np.add(s[k], one, out=r[k])), s
+        call = kernel.staged_floor_allreduce
+        base = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+        sp, rp = [a.ctypes.data for a in s], [a.ctypes.data for a in r]
+
+        def op(k, keep=(s, r)):  # the arrays must outlive their addresses
+            if call(base, rank, P, sp[k], rp[k], n):
+                raise RuntimeError("staged floor: a peer stopped answering")
+        return op, s
 
     rows = C.run_all(spec, rank, P, barrier.wait, build)
-    C.write_rank(out, rank, P, {"library": "floor", "op": "out = in + 1, no communication",
-                                "pinned_cpu": cpus[rank % len(cpus)]}, rows)
+    meta = ({"library": "floor", "op": "out = in + 1, no communication"} if kernel is None else
+            {"library": "floor-staged", "op": "rsag's passes in bare C (bench/c/staged_floor.c)"})
+    C.write_rank(out, rank, P, dict(meta, pinned_cpu=cpus[rank % len(cpus)]), rows)
 
 
 def end_ranks(procs):
@@ -53,13 +100,16 @@ def end_ranks(procs):
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: floor_worker.py P SPEC.json OUT_PREFIX")
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["staged"]):
+        sys.exit("usage: floor_worker.py P SPEC.json OUT_PREFIX [staged]")
     P = int(sys.argv[1])
-    spec, out = C.load_spec(sys.argv[2:])
+    spec, out = C.load_spec(sys.argv[2:4])
+    kernel = staged_kernel() if sys.argv[4:] else None
+    shared = mmap.mmap(-1, kernel.staged_floor_bytes(P)) if kernel else None  # MAP_SHARED, zeroed
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(P, timeout=600)
-    procs = [ctx.Process(target=rank_main, args=(r, P, spec, out, barrier)) for r in range(P)]
+    procs = [ctx.Process(target=rank_main, args=(r, P, spec, out, barrier, kernel, shared))
+             for r in range(P)]
     for p in procs:
         p.start()
     left = {p.sentinel: p for p in procs}

@@ -1,0 +1,103 @@
+/*
+ * staged_floor.c - the least a P-rank allreduce of private buffers can cost on this machine,
+ * with no library in the way (bench/workers/floor_worker.py loads it with ctypes).
+ *
+ * A rank's output depends on every element of its peers' inputs, and their private memory is
+ * out of its reach, so the data must cross through shared memory: each rank writes there what
+ * its peers need and reads what they wrote, besides reading its own input and writing its own
+ * output (all the plain floor does). This kernel does exactly that in the bandwidth-optimal
+ * schedule (rsag, as hbmcoll does above 16 KiB): per 256 KiB chunk, stage the slices my peers
+ * reduce, reduce my slice (my input + their staged slices) into my result slot, copy every
+ * result slice into my output. One "arrived" and one "done" flag per chunk, spinning, so what
+ * is read is the peers' fresh writes; no descriptors, no checks, no wake-ups, float32 sum only.
+ *
+ * Shared memory (zeroed, the same on every rank): staged_floor_bytes(P) bytes.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <sched.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+
+enum { CHUNK = 256 << 10, LINE = 64, MAXP = 256 };
+
+typedef struct {
+  _Alignas(LINE) _Atomic long arrived;
+  _Alignas(LINE) _Atomic long done;
+} flags_t;
+
+size_t staged_floor_bytes(int P) {
+  return (size_t)P * sizeof(flags_t) + (size_t)P * 2 * CHUNK;
+}
+
+static long round_no; /* this process's; every rank runs the same sequence of calls */
+
+/* Spin until *f >= v; give up after about 10 s (a peer died): -1. After 16k polls, yield at
+ * each: with more ranks than cores the peer needs this core. */
+static int spin_until(_Atomic long *f, long v) {
+  time_t give_up = 0;
+  for (long i = 1; atomic_load_explicit(f, memory_order_acquire) < v; i++) {
+    if (i > 16384) sched_yield();
+    if ((i & 0xffff) == 0) { /* a clock read per 64k polls */
+      struct timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if (!give_up) give_up = t.tv_sec + 10;
+      else if (t.tv_sec > give_up) return -1;
+    }
+  }
+  return 0;
+}
+
+static void add(float *restrict r, const float *restrict a, const float *restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++) r[i] = a[i] + b[i];
+}
+
+static void add_to(float *restrict r, const float *restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++) r[i] += b[i];
+}
+
+static size_t slice(int q, int P, size_t n) { /* 16 floats = one line */
+  return q >= P ? n : (n * (size_t)q / (size_t)P) & ~(size_t)15;
+}
+
+/* One allreduce (sum) of n floats. 0, or -1 when a peer stopped answering. */
+int staged_floor_allreduce(void *shared, int me, int P, const float *in, float *out, size_t n) {
+  if (P < 1 || P > MAXP) return -1;
+  flags_t *fl = shared;
+  float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
+  size_t CE = CHUNK / sizeof(float), K = (n + CE - 1) / CE;
+#define SLOT(q, p) (slots + ((size_t)(q) * 2 + (size_t)(p)) * CE)
+  for (size_t k = 0; k <= K; k++) {
+    long t = ++round_no;
+    int p = (int)(t & 1);
+    size_t off = k * CE, m = k < K ? (n - off < CE ? n - off : CE) : 0;
+    size_t lo = slice(me, P, m), hi = slice(me + 1, P, m);
+    if (k < K) {
+      for (int q = 0; q < P; q++) /* everyone read my slot[p] of round t - 2 */
+        if (q != me && spin_until(&fl[q].done, t - 1)) return -1;
+      memcpy(SLOT(me, p), in + off, lo * sizeof(float));
+      memcpy(SLOT(me, p) + hi, in + off + hi, (m - hi) * sizeof(float));
+    }
+    atomic_store_explicit(&fl[me].arrived, t, memory_order_release);
+    for (int q = 0; q < P; q++)
+      if (q != me && spin_until(&fl[q].arrived, t)) return -1;
+    if (k < K && hi > lo && P == 1) memcpy(SLOT(me, p), in + off, m * sizeof(float));
+    if (k < K && hi > lo && P > 1) { /* my slice: my input + every peer's staged copy of it */
+      float *r = SLOT(me, p) + lo;
+      add(r, in + off + lo, SLOT(me ? 0 : 1, p) + lo, hi - lo);
+      for (int q = 2; q < P; q++) add_to(r, SLOT(q <= me ? q - 1 : q, p) + lo, hi - lo);
+    }
+    if (k >= 1) { /* every result slice of chunk k-1 into my output */
+      int pj = (int)((t - 1) & 1);
+      size_t offj = (k - 1) * CE, mj = n - offj < CE ? n - offj : CE;
+      for (int q = 0; q < P; q++) {
+        size_t a = slice(q, P, mj), b = slice(q + 1, P, mj);
+        memcpy(out + offj + a, SLOT(q, pj) + a, (b - a) * sizeof(float));
+      }
+    }
+    atomic_store_explicit(&fl[me].done, t, memory_order_release);
+  }
+#undef SLOT
+  return 0;
+}
