@@ -5,11 +5,15 @@
  * A rank's output depends on every element of its peers' inputs, and their private memory is
  * out of its reach, so the data must cross through shared memory: each rank writes there what
  * its peers need and reads what they wrote, besides reading its own input and writing its own
- * output (all the plain floor does). This kernel does exactly that in the bandwidth-optimal
- * schedule (rsag, as hbmcoll does above 16 KiB): per 256 KiB chunk, stage the slices my peers
- * reduce, reduce my slice (my input + their staged slices) into my result slot, copy every
- * result slice into my output. One "arrived" and one "done" flag per chunk, spinning, so what
- * is read is the peers' fresh writes; no descriptors, no checks, no wake-ups, float32 sum only.
+ * output (all the plain floor does). These kernels do exactly that, in two schedules (the
+ * worker keeps the faster at each size):
+ *   rsag  (hbmcoll's above 16 KiB) per 256 KiB chunk, stage the slices my peers reduce, reduce
+ *         my slice (my input + their staged slices) into my result slot, copy every result
+ *         slice into my output;
+ *   flat  (hbmcoll's up to 16 KiB) per chunk, stage my whole chunk, then add every peer's
+ *         staged chunk to my input straight into my output.
+ * One "arrived" and one "done" flag per chunk, spinning, so what is read is the peers' fresh
+ * writes; no descriptors, no checks, no wake-ups, float32 sum only.
  *
  * Shared memory (zeroed, the same on every rank): staged_floor_bytes(P) bytes.
  */
@@ -20,7 +24,10 @@
 #include <string.h>
 #include <time.h>
 
-enum { CHUNK = 256 << 10, LINE = 64, MAXP = 256 };
+#ifndef CHUNK
+#define CHUNK (256 << 10)
+#endif
+enum { LINE = 64, MAXP = 256 };
 
 typedef struct {
   _Alignas(LINE) _Atomic long arrived;
@@ -61,8 +68,8 @@ static size_t slice(int q, int P, size_t n) { /* 16 floats = one line */
   return q >= P ? n : (n * (size_t)q / (size_t)P) & ~(size_t)15;
 }
 
-/* One allreduce (sum) of n floats. 0, or -1 when a peer stopped answering. */
-int staged_floor_allreduce(void *shared, int me, int P, const float *in, float *out, size_t n) {
+/* One allreduce (sum) of n floats in rsag's schedule. 0, or -1 when a peer stopped answering. */
+int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, size_t n) {
   if (P < 1 || P > MAXP) return -1;
   flags_t *fl = shared;
   float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
@@ -96,6 +103,32 @@ int staged_floor_allreduce(void *shared, int me, int P, const float *in, float *
         memcpy(out + offj + a, SLOT(q, pj) + a, (b - a) * sizeof(float));
       }
     }
+    atomic_store_explicit(&fl[me].done, t, memory_order_release);
+  }
+#undef SLOT
+  return 0;
+}
+
+/* The same in flat's schedule. */
+int staged_floor_flat(void *shared, int me, int P, const float *in, float *out, size_t n) {
+  if (P < 1 || P > MAXP) return -1;
+  flags_t *fl = shared;
+  float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
+  size_t CE = CHUNK / sizeof(float), K = (n + CE - 1) / CE;
+#define SLOT(q, p) (slots + ((size_t)(q) * 2 + (size_t)(p)) * CE)
+  for (size_t k = 0; k < K; k++) {
+    long t = ++round_no;
+    int p = (int)(t & 1);
+    size_t off = k * CE, m = n - off < CE ? n - off : CE;
+    for (int q = 0; q < P; q++) /* everyone read my slot[p] of round t - 2 */
+      if (q != me && spin_until(&fl[q].done, t - 1)) return -1;
+    memcpy(SLOT(me, p), in + off, m * sizeof(float));
+    atomic_store_explicit(&fl[me].arrived, t, memory_order_release);
+    for (int q = 0; q < P; q++)
+      if (q != me && spin_until(&fl[q].arrived, t)) return -1;
+    if (P == 1) memcpy(out + off, in + off, m * sizeof(float));
+    else add(out + off, in + off, SLOT(me ? 0 : 1, p), m);
+    for (int q = 2; q < P; q++) add_to(out + off, SLOT(q <= me ? q - 1 : q, p), m);
     atomic_store_explicit(&fl[me].done, t, memory_order_release);
   }
 #undef SLOT

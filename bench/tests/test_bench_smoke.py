@@ -120,9 +120,11 @@ def test_staged_floor_kernel_is_an_allreduce(P):
                     x = np.arange(n, dtype=np.float32) % 97 + me + it
                     out = np.zeros(n, np.float32)
                     want = sum(np.arange(n, dtype=np.float32) % 97 + q + it for q in range(P))
-                    rc = kernel.staged_floor_allreduce(base, me, P, x.ctypes.data,
-                                                       out.ctypes.data, n)
-                    ok = ok and rc == 0 and np.array_equal(out, want)
+                    for schedule in floor_worker.SCHEDULES:  # both, one after the other
+                        out[:] = 0
+                        rc = getattr(kernel, f"staged_floor_{schedule}")(
+                            base, me, P, x.ctypes.data, out.ctypes.data, n)
+                        ok = ok and rc == 0 and np.array_equal(out, want)
             finally:
                 os._exit(0 if ok else 1)
         pids.append(pid)

@@ -4,7 +4,8 @@
 
 `floor` (the default): no communication, only each rank's memory work.
 `staged` (label floor-staged): that work plus the least data that must cross between the
-ranks, done by a bare C kernel (bench/c/staged_floor.c, compiled here on first use): see there.
+ranks, done by a bare C kernel (bench/c/staged_floor.c, compiled here on first use) in each of
+its two schedules; at each size the one faster on average over the ranks is kept.
 
 Forks P processes, rank r pinned to the r-th allowed CPU (where hbmcoll's launcher puts its
 ranks when there are no more ranks than cores; on larger machines it spreads them), that all at
@@ -16,6 +17,7 @@ reported as not supported. Buffers are ordinary NumPy arrays, so the floor is fo
 out-of-place variants (mpi4py, hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
 """
 import ctypes
+import json
 import mmap
 import multiprocessing as mp
 import multiprocessing.connection  # noqa: F401  (mp.connection.wait)
@@ -32,6 +34,7 @@ import common as C  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
+SCHEDULES = ("rsag", "flat")
 
 
 def staged_kernel():
@@ -53,9 +56,11 @@ def staged_kernel():
     lib = ctypes.CDLL(so)
     lib.staged_floor_bytes.argtypes = [ctypes.c_int]
     lib.staged_floor_bytes.restype = ctypes.c_size_t
-    lib.staged_floor_allreduce.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    lib.staged_floor_allreduce.restype = ctypes.c_int
+    for name in SCHEDULES:
+        f = getattr(lib, f"staged_floor_{name}")
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                      ctypes.c_void_p, ctypes.c_size_t]
+        f.restype = ctypes.c_int
     return lib
 
 
@@ -64,7 +69,7 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     one = C.DTYPE(1)
 
-    def build(coll, size, nbuf):
+    def build(coll, size, nbuf, schedule=None):
         if coll != "allreduce":
             return None
         n = C.count(size)
@@ -72,7 +77,7 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
         r = [C.output(n) for _ in range(nbuf)]
         if kernel is None:
             return (lambda k: np.add(s[k], one, out=r[k])), s
-        call = kernel.staged_floor_allreduce
+        call = getattr(kernel, f"staged_floor_{schedule}")
         base = ctypes.addressof(ctypes.c_char.from_buffer(shared))
         sp, rp = [a.ctypes.data for a in s], [a.ctypes.data for a in r]
 
@@ -81,10 +86,35 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
                 raise RuntimeError("staged floor: a peer stopped answering")
         return op, s
 
-    rows = C.run_all(spec, rank, P, barrier.wait, build)
-    meta = ({"library": "floor", "op": "out = in + 1, no communication"} if kernel is None else
-            {"library": "floor-staged", "op": "rsag's passes in bare C (bench/c/staged_floor.c)"})
+    if kernel is None:
+        rows = C.run_all(spec, rank, P, barrier.wait, build)
+        meta = {"library": "floor", "op": "out = in + 1, no communication"}
+    else:  # every schedule; main() keeps the faster at each size
+        rows = [dict(row, schedule=sch) for sch in SCHEDULES for row in C.run_all(
+            spec, rank, P, barrier.wait, lambda c, z, nb, sch=sch: build(c, z, nb, sch))]
+        meta = {"library": "floor-staged", "op": "allreduce in bare C (bench/c/staged_floor.c)"}
     C.write_rank(out, rank, P, dict(meta, pinned_cpu=cpus[rank % len(cpus)]), rows)
+
+
+def keep_faster_schedule(out, P):
+    """Leave in every rank's file only the rows of the schedule that was faster at each size
+    (mean over ranks), the same one for all ranks."""
+    files = [f"{out}.r{r}.json" for r in range(P)]
+    docs = [json.load(open(f)) for f in files]
+    mean = {}
+    for d in docs:
+        for row in d["rows"]:
+            mean.setdefault((row["collective"], row["size"], row["schedule"]), []).append(row["sec"])
+    best = {}
+    for (coll, size, sch), secs in mean.items():
+        t = sum(secs) / len(secs)
+        if (coll, size) not in best or t < best[coll, size][1]:
+            best[coll, size] = (sch, t)
+    for f, d in zip(files, docs):
+        d["rows"] = [row for row in d["rows"]
+                     if best[row["collective"], row["size"]][0] == row["schedule"]]
+        with open(f, "w") as fh:
+            json.dump(d, fh)
 
 
 def end_ranks(procs):
@@ -124,6 +154,8 @@ def main():
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     for r, code in bad:
         print(f"[floor] rank {r} exited with {code}", file=sys.stderr)
+    if kernel and not bad:
+        keep_faster_schedule(out, P)
     sys.exit(1 if bad else 0)
 
 
