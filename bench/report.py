@@ -165,12 +165,14 @@ def markdown(summ, lim, meta, oversub, tg=None):
                    "out-of-place allreduce cannot avoid: read the input, write the output). "
                    "A library's time over the floor is what its communication adds.")
     if any(s["label"] == T.STAGED_FLOOR for s in summ):
-        out.append(f"`{T.STAGED_FLOOR}`: the floor's work plus the least data that must cross "
-                   "between the ranks through shared memory (each rank's output needs every "
-                   "element of its peers' private inputs), done by bare C in rsag's schedule "
-                   "with a spinning flag per chunk and nothing else (`bench/c/staged_floor.c`): "
-                   "the least an allreduce of private buffers can cost here, so the peers' "
-                   "time over it is the largest speedup any such library could show.")
+        out.append(f"`{T.STAGED_FLOOR}` (allreduce, gather): the memory work plus the least "
+                   "data that must cross between the ranks through shared memory (a rank's "
+                   "result needs its peers' private inputs), done by bare C with a spinning "
+                   "flag per chunk and nothing else, the faster of two schedules at each size "
+                   "(`bench/c/staged_floor.c`): the least such a collective of private buffers "
+                   "can cost here, so a peer's time over it is the largest speedup any library "
+                   "with private buffers could show (from 64 KiB; below, it is mostly one "
+                   "ctypes call).")
     out.append("")
     out += T.markdown(tg)
     labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)

@@ -6,9 +6,10 @@ median over rounds of the ratio taken within each round (the libraries of one ro
 apart at most, so this pairs them under the same host state) and in how many rounds the target
 held: a target met only in the best rounds is not one that holds.
 
-For allreduce with NumPy buffers the run also measures `floor-staged` (bench/c/staged_floor.c):
-the least such an allreduce can cost here, bare C doing only the memory work and the data that
-must cross between the cores. The peer's time over it is the "ceiling": the largest speedup any
+For allreduce and gather with NumPy buffers the run also measures `floor-staged`
+(bench/c/staged_floor.c): the least such a collective can cost here, bare C doing only the
+memory work and the data that must cross between the cores (from 64 KiB: below, it is mostly
+the cost of one ctypes call). The peer's time over it is the "ceiling": the largest speedup any
 library with private buffers could show in that run. A miss with the ceiling below the target
 is out of reach on that run's machine, not a shortfall of the library.
 
@@ -40,7 +41,8 @@ SPEEDUPS = [
     ("allreduce 16 MiB >= 5x gloo", "allreduce", 16 * MiB, ["hbmcoll-numpy"], "torch", 5.0),
 ]
 STAGED_FLOOR = "floor-staged"
-CEILING_FOR = ("allreduce", "hbmcoll-numpy")   # the collective and label the staged floor bounds
+CEILING_FOR = {("allreduce", "hbmcoll-numpy"), ("gather", "hbmcoll-numpy")}  # what it bounds
+CEILING_MIN = 64 * KiB
 OVERSUB = ("{P} ranks on {cores} cores: 8 B allreduce >= 10x MPICH", 10.0)  # judged if P > cores
 LIMIT = ("allreduce 16 MiB >= 50% of the memory-bandwidth limit", "allreduce", 16 * MiB,
          "hbmcoll-numpy", 0.5)
@@ -61,7 +63,8 @@ def check(summ, rows, oversub, P=2):
             h, p = best.get((lb, P, coll, size)), best.get((peer, P, coll, size))
             res = {"target": what, "label": lb, "need": need, "measured": None,
                    "paired_median": None, "rounds_held": None, "ok": None, "ceiling": None}
-            f = best.get((STAGED_FLOOR, P, coll, size)) if (coll, lb) == CEILING_FOR else None
+            f = best.get((STAGED_FLOOR, P, coll, size)) if (
+                (coll, lb) in CEILING_FOR and size >= CEILING_MIN) else None
             if f and p:
                 res["ceiling"] = p["avg_us"] / f["avg_us"]
             if h and p:

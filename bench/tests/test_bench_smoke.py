@@ -100,8 +100,9 @@ def test_targets_verdict_pairs_rounds_and_oversub():
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_staged_floor_kernel_is_an_allreduce(P):
-    """The staged floor must do the work it stands for: every rank ends with the sum, for a
-    length that leaves a partial chunk and uneven slices, call after call."""
+    """The staged floor must do the work it stands for: every rank ends with the sum (the
+    root with every part, in gather), for a length that leaves a partial chunk and uneven
+    slices, call after call."""
     kernel = floor_worker.staged_kernel()
     import mmap
     import numpy as np
@@ -120,11 +121,18 @@ def test_staged_floor_kernel_is_an_allreduce(P):
                     x = np.arange(n, dtype=np.float32) % 97 + me + it
                     out = np.zeros(n, np.float32)
                     want = sum(np.arange(n, dtype=np.float32) % 97 + q + it for q in range(P))
-                    for schedule in floor_worker.SCHEDULES:  # both, one after the other
+                    for schedule in floor_worker.SCHEDULES["allreduce"]:  # one after the other
                         out[:] = 0
                         rc = getattr(kernel, f"staged_floor_{schedule}")(
                             base, me, P, x.ctypes.data, out.ctypes.data, n)
                         ok = ok and rc == 0 and np.array_equal(out, want)
+                    for root, movsb in ((P - 1, 0), (0, 1)):   # gather, into the root only
+                        g = np.zeros(n * P, np.float32)
+                        rc = kernel.staged_floor_gather(base, me, P, root, movsb, x.ctypes.data,
+                                                        g.ctypes.data, n)
+                        want_g = np.concatenate([np.arange(n, dtype=np.float32) % 97 + q + it
+                                                 for q in range(P)])
+                        ok = ok and rc == 0 and (me != root or np.array_equal(g, want_g))
             finally:
                 os._exit(0 if ok else 1)
         pids.append(pid)
@@ -157,10 +165,11 @@ def test_suite_runs_and_writes_files(tmp_path):
     if "mpi4py" in doc["meta"]["libraries"] and "hbmcoll" in doc["meta"]["libraries"]:
         ar64 = [t for t in doc["targets"] if t["target"] == "allreduce 64 KiB >= 3x MPICH"]
         assert ar64 and ar64[0]["measured"] > 0 and "## Speed targets" in table, doc["targets"]
-    # the floor (no communication) is measured for allreduce only, beside the libraries
-    for lb in ("floor", "floor-staged"):
+    # the floor (no communication) is measured for allreduce only, the staged floor for
+    # allreduce and gather, beside the libraries
+    for lb, colls in (("floor", ["allreduce"]), ("floor-staged", ["allreduce", "gather"])):
         floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == lb}
-        assert floor == {("allreduce", 8), ("allreduce", 65536)}, (lb, floor)
+        assert floor == {(c, z) for c in colls for z in (8, 65536)}, (lb, floor)
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):

@@ -34,7 +34,8 @@ import common as C  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
-SCHEDULES = ("rsag", "flat")
+# per collective, the schedules (kernel variants) measured; pass i runs the i-th of each
+SCHEDULES = {"allreduce": ("rsag", "flat"), "gather": ("memcpy", "movsb")}
 
 
 def staged_kernel():
@@ -56,11 +57,12 @@ def staged_kernel():
     lib = ctypes.CDLL(so)
     lib.staged_floor_bytes.argtypes = [ctypes.c_int]
     lib.staged_floor_bytes.restype = ctypes.c_size_t
-    for name in SCHEDULES:
+    ptr, i32, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    for name in SCHEDULES["allreduce"]:
         f = getattr(lib, f"staged_floor_{name}")
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                      ctypes.c_void_p, ctypes.c_size_t]
-        f.restype = ctypes.c_int
+        f.argtypes, f.restype = [ptr, i32, i32, ptr, ptr, n], i32
+    lib.staged_floor_gather.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr, n]
+    lib.staged_floor_gather.restype = i32
     return lib
 
 
@@ -69,16 +71,24 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     one = C.DTYPE(1)
 
-    def build(coll, size, nbuf, schedule=None):
-        if coll != "allreduce":
+    def build(coll, size, nbuf, npass=0):
+        if coll not in (("allreduce",) if kernel is None else SCHEDULES):
             return None
         n = C.count(size)
         s = [C.filled(n, rank + k) for k in range(nbuf)]
-        r = [C.output(n) for _ in range(nbuf)]
         if kernel is None:
+            r = [C.output(n) for _ in range(nbuf)]
             return (lambda k: np.add(s[k], one, out=r[k])), s
-        call = getattr(kernel, f"staged_floor_{schedule}")
         base = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+        if coll == "gather":   # only the root has an output
+            r = [C.output(n * P if rank == 0 else 1) for _ in range(nbuf)]
+            movsb = SCHEDULES[coll][npass] == "movsb"
+
+            def call(b, me, P, sp, rp, n):
+                return kernel.staged_floor_gather(b, me, P, 0, movsb, sp, rp, n)
+        else:
+            r = [C.output(n) for _ in range(nbuf)]
+            call = getattr(kernel, f"staged_floor_{SCHEDULES[coll][npass]}")
         sp, rp = [a.ctypes.data for a in s], [a.ctypes.data for a in r]
 
         def op(k, keep=(s, r)):  # the arrays must outlive their addresses
@@ -90,9 +100,10 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
         rows = C.run_all(spec, rank, P, barrier.wait, build)
         meta = {"library": "floor", "op": "out = in + 1, no communication"}
     else:  # every schedule; main() keeps the faster at each size
-        rows = [dict(row, schedule=sch) for sch in SCHEDULES for row in C.run_all(
-            spec, rank, P, barrier.wait, lambda c, z, nb, sch=sch: build(c, z, nb, sch))]
-        meta = {"library": "floor-staged", "op": "allreduce in bare C (bench/c/staged_floor.c)"}
+        rows = [dict(row, schedule=SCHEDULES[row["collective"]][i]) for i in range(2)
+                for row in C.run_all(spec, rank, P, barrier.wait,
+                                     lambda c, z, nb, i=i: build(c, z, nb, i))]
+        meta = {"library": "floor-staged", "op": "bare C (bench/c/staged_floor.c)"}
     C.write_rank(out, rank, P, dict(meta, pinned_cpu=cpus[rank % len(cpus)]), rows)
 
 
