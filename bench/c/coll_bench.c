@@ -2,13 +2,15 @@
  * coll_bench.c - the C path alone, for profiling and tuning (no Python, no launcher).
  *
  *   build/coll_bench [-n ranks] [-c allreduce|bcast|gather|reduce|allgather] [-s bytes]
- *                    [-i iters] [-w warmup] [-b rotating buffers] [-a algo] [-z] [-u]
+ *                    [-i iters] [-w warmup] [-b rotating buffers] [-a algo] [-z] [-u] [-F reps]
  *
  * Forks the ranks, builds one communicator, runs the OSU loop (barrier, warm-up, timed loop)
  * with float32 data that changes every iteration, checks the last result, and prints the
  * mean microseconds per call on rank 0 (the max over ranks). -z puts the buffers in the
  * arena (hbmcoll.empty). Rank r is pinned to the r-th allowed CPU (round robin), as the
- * Python launcher's placement does; -u leaves the ranks unpinned. `make bench-c ARGS=...` builds it with the extension's flags.
+ * Python launcher's placement does; -u leaves the ranks unpinned. -F R (allreduce, gather):
+ * R times in turn, the library's loop and the same loop with bench/c/staged_floor.c's bare
+ * kernels (the least the data movement costs), on the same buffers; prints both medians. `make bench-c ARGS=...` builds it with the extension's flags.
  * `make bench-c-profile` runs one rank under callgrind: an instruction count of the call
  * path that repeats exactly whatever else the machine does (with more ranks the count
  * would include the spinning waits, which depend on timing).
@@ -25,8 +27,15 @@
 
 #include "coll.h"
 
+int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, size_t n);
+int staged_floor_flat(void *shared, int me, int P, const float *in, float *out, size_t n);
+int staged_floor_gather(void *shared, int me, int P, int root, int movsb, const float *in,
+                        float *out, size_t n);
+size_t staged_floor_bytes(int P);
+static void *floor_shared; /* mapped before the fork */
+
 typedef struct {
-  int P, iters, warm, nbuf, zc, unpinned;
+  int P, iters, warm, nbuf, zc, unpinned, floor_reps;
   size_t bytes;
   coll_kind_t kind;
   const char *algo;
@@ -73,6 +82,47 @@ static void pin_rank(int rank) {
     }
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double floor_times[2][64]; /* [library, kernel][rep] on this rank, seconds per call */
+
+/* -F: the library's loop and the bare kernel's, in turn, on the same buffers. Returns the
+ * library's median; floor_times holds both series. */
+static double compare_floor(coll_comm_t *c, const opts_t *o, int rank, float **send,
+                            float **recv, size_t n) {
+  coll_args_t bar = {.kind = COLL_BARRIER, .dtype = COLL_FLOAT32};
+  int rc = 0, R = o->floor_reps;
+  for (int rep = 0; rep < R && rc == 0; rep++)
+    for (int which = 0; which < 2 && rc == 0; which++) {
+      double t0 = 0;
+      for (int it = 0; it < o->warm + o->iters && rc == 0; it++) {
+        if (it == o->warm) {
+          rc = coll_run(c, &bar);
+          t0 = now_s();
+        }
+        int k = it % o->nbuf;
+        send[k][0] = (float)(it % 7 + rank);
+        if (which == 0) {
+          coll_args_t a = {.kind = o->kind, .dtype = COLL_FLOAT32, .op = COLL_SUM, .root = 0,
+                           .count = n, .send = send[k], .recv = recv[k]};
+          rc = coll_run(c, &a);
+        } else if (o->kind == COLL_GATHER) {
+          rc = staged_floor_gather(floor_shared, rank, o->P, 0, 1, send[k], recv[k], n);
+        } else {
+          rc = (n * 4 <= (256 << 10) ? staged_floor_flat : staged_floor_rsag)(
+              floor_shared, rank, o->P, send[k], recv[k], n);
+        }
+      }
+      floor_times[which][rep] = (now_s() - t0) / o->iters;
+      if (rc == 0) rc = coll_run(c, &bar);
+    }
+  coll_comm_free(c);
+  return rc ? -1 : 0;
+}
+
 /* Runs one rank; returns its seconds per call (negative on failure). */
 static double rank_main(int rank, const opts_t *o, const char *key) {
   if (!o->unpinned) pin_rank(rank);
@@ -95,6 +145,7 @@ static double rank_main(int rank, const opts_t *o, const char *key) {
     for (size_t i = 0; i < n; i++) send[k][i] = (float)((i % 251) + rank);
   }
   coll_args_t bar = {.kind = COLL_BARRIER, .dtype = COLL_FLOAT32};
+  if (o->floor_reps > 0) return compare_floor(c, o, rank, send, recv, n);
   double t0 = 0;
   int total = o->warm + o->iters;
   for (int it = 0; it < total && rc == 0; it++) {
@@ -126,7 +177,7 @@ static double rank_main(int rank, const opts_t *o, const char *key) {
 int main(int argc, char **argv) {
   opts_t o = {.P = 2, .iters = 0, .warm = -1, .nbuf = 16, .bytes = 65536, .kind = COLL_ALLREDUCE};
   int ch;
-  while ((ch = getopt(argc, argv, "n:c:s:i:w:b:a:zu")) != -1) {
+  while ((ch = getopt(argc, argv, "n:c:s:i:w:b:a:zuF:")) != -1) {
     switch (ch) {
     case 'n': o.P = atoi(optarg); break;
     case 'c': o.kind = parse_kind(optarg); break;
@@ -137,22 +188,35 @@ int main(int argc, char **argv) {
     case 'a': o.algo = optarg; break;
     case 'z': o.zc = 1; break;
     case 'u': o.unpinned = 1; break;
+    case 'F': o.floor_reps = atoi(optarg); break;
     default: return 2;
     }
   }
-  if (o.nbuf < 1 || o.nbuf > 64 || o.P < 1 || o.P > 256) return 2;
+  if (o.nbuf < 1 || o.nbuf > 64 || o.P < 1 || o.P > 256 || o.floor_reps > 64) return 2;
+  if (o.floor_reps > 0 && ((o.kind != COLL_ALLREDUCE && o.kind != COLL_GATHER) || o.zc)) {
+    fprintf(stderr, "coll_bench: -F compares allreduce or gather of private buffers\n");
+    return 2;
+  }
+  if (o.floor_reps > 0) {
+    floor_shared = mmap(NULL, staged_floor_bytes(o.P), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (floor_shared == MAP_FAILED) return 1;
+  }
   if (o.iters <= 0) o.iters = o.bytes <= 8192 ? 10000 : 200;
   if (o.warm < 0) o.warm = o.iters / 10;
   char key[64];
   snprintf(key, sizeof key, "coll_bench.%d", (int)getpid());
-  double *times = mmap(NULL, sizeof(double) * (size_t)o.P, PROT_READ | PROT_WRITE,
+  double *times = mmap(NULL, sizeof(double) * (size_t)o.P * (1 + 2 * 64), PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  double *series = times + o.P; /* -F: [rank][library, kernel][rep] */
   for (int r = 1; r < o.P; r++)
     if (fork() == 0) {
       times[r] = rank_main(r, &o, key);
+      memcpy(series + (size_t)r * 128, floor_times, sizeof floor_times);
       _exit(0);
     }
   times[0] = rank_main(0, &o, key);
+  memcpy(series, floor_times, sizeof floor_times);
   int bad = 0;
   while (wait(NULL) > 0) {}
   double worst = 0;
@@ -161,6 +225,24 @@ int main(int argc, char **argv) {
     if (times[r] > worst) worst = times[r];
   }
   if (bad) return 1;
+  if (o.floor_reps > 0) { /* per rep the slower rank, then the median over reps */
+    double med[2];
+    for (int w = 0; w < 2; w++) {
+      double v[64];
+      for (int k = 0; k < o.floor_reps; k++) {
+        v[k] = 0;
+        for (int r = 0; r < o.P; r++)
+          if (series[(size_t)r * 128 + (size_t)w * 64 + (size_t)k] > v[k])
+            v[k] = series[(size_t)r * 128 + (size_t)w * 64 + (size_t)k];
+      }
+      qsort(v, (size_t)o.floor_reps, sizeof v[0], cmp_double);
+      med[w] = v[o.floor_reps / 2];
+    }
+    printf("%s %zu B x %d ranks: library %.2f us, bare kernel %.2f us (%.2fx), medians of %d\n",
+           coll_kind_name(o.kind), o.bytes, o.P, med[0] * 1e6, med[1] * 1e6, med[0] / med[1],
+           o.floor_reps);
+    return 0;
+  }
   printf("%s %zu B x %d ranks%s: %.2f us\n", coll_kind_name(o.kind), o.bytes, o.P,
          o.zc ? " (arena)" : "", worst * 1e6);
   return 0;

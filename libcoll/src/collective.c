@@ -72,7 +72,7 @@ int coll__validate(coll_comm_t *c, int peer) {
   coll_describe(mine, m, sizeof m);
   coll_describe(theirs, t, sizeof t);
   return coll__fail(c, COLL_EMISMATCH, "ranks disagree in collective #%llu: rank %d called %s, rank %d called %s",
-                    (unsigned long long)mine->seq, c->rank, m, peer, t);
+                    (unsigned long long)(mine->seq - c->extra_seq), c->rank, m, peer, t);
 }
 
 int coll__meet(coll_comm_t *c, int peer, uint64_t t0) {

@@ -163,6 +163,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   }
   c->allow_interrupt = 0;
   if (rc) return rc;
+  c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
    * off the CPU quickly, since the rank it waits for may need that very CPU;
    * sched_yield does not reliably hand it over (CFS), a futex sleep does. */
