@@ -168,7 +168,7 @@ def markdown(summ, lim, meta, oversub, tg=None):
         out.append(f"`{T.STAGED_FLOOR}` (allreduce, gather): the memory work plus the least "
                    "data that must cross between the ranks through shared memory (a rank's "
                    "result needs its peers' private inputs), done by bare C with a spinning "
-                   "flag per chunk and nothing else, the faster of two schedules at each size "
+                   "flag per chunk and nothing else, the fastest of its schedules at each size "
                    "(`bench/c/staged_floor.c`): the least such a collective of private buffers "
                    "can cost here, so a peer's time over it is the largest speedup any library "
                    "with private buffers could show (from 64 KiB; below, it is mostly one "

@@ -5,13 +5,14 @@
  * A rank's output depends on every element of its peers' inputs, and their private memory is
  * out of its reach, so the data must cross through shared memory: each rank writes there what
  * its peers need and reads what they wrote, besides reading its own input and writing its own
- * output (all the plain floor does). These kernels do exactly that, in two schedules (the
- * worker keeps the faster at each size):
+ * output (all the plain floor does). These kernels do exactly that, in three schedules (the
+ * worker keeps the fastest at each size):
  *   rsag  (hbmcoll's above 16 KiB) per 256 KiB chunk, stage the slices my peers reduce, reduce
  *         my slice (my input + their staged slices) into my result slot, copy every result
  *         slice into my output;
- *   flat  (hbmcoll's up to 16 KiB) per chunk, stage my whole chunk, then add every peer's
- *         staged chunk to my input straight into my output.
+ *   flat  (hbmcoll's up to 16 KiB, and with 2 ranks up to HBMCOLL_STREAM_MIN) per chunk,
+ *         stage my whole chunk, then add every peer's staged chunk to my input into my output;
+ *   rsag_nt  rsag with the copy-out in streaming stores (hbmcoll's from HBMCOLL_STREAM_MIN).
  * And gather (the least for a root with a private output: copy its own part, and every chunk
  * its peers staged, into that output).
  * One "arrived" and one "done" flag per chunk, spinning, so what is read is the peers' fresh
@@ -23,8 +24,12 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #ifndef CHUNK
 #define CHUNK (256 << 10)
@@ -66,12 +71,43 @@ static void add_to(float *restrict r, const float *restrict b, size_t n) {
   for (size_t i = 0; i < n; i++) r[i] += b[i];
 }
 
+/* Copy with non-temporal stores (no read for ownership, caches left alone), as hbmcoll writes
+ * outputs from HBMCOLL_STREAM_MIN on; the caller fences once per call. */
+static void copy_nt(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  char *d = dst;
+  const char *s = src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)s + 1);
+    __m128i c = _mm_loadu_si128((const __m128i *)s + 2), e = _mm_loadu_si128((const __m128i *)s + 3);
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)d + 1, b);
+    _mm_stream_si128((__m128i *)d + 2, c);
+    _mm_stream_si128((__m128i *)d + 3, e);
+  }
+  memcpy(d, s, n);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+static void fence_nt(void) {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 static size_t slice(int q, int P, size_t n) { /* 16 floats = one line */
   return q >= P ? n : (n * (size_t)q / (size_t)P) & ~(size_t)15;
 }
 
-/* One allreduce (sum) of n floats in rsag's schedule. 0, or -1 when a peer stopped answering. */
-int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, size_t n) {
+/* One allreduce (sum) of n floats in rsag's schedule, the copy-out with streaming stores if nt.
+ * 0, or -1 when a peer stopped answering. */
+static int rsag(void *shared, int me, int P, const float *in, float *out, size_t n, int nt) {
   if (P < 1 || P > MAXP) return -1;
   flags_t *fl = shared;
   float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
@@ -102,13 +138,23 @@ int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, 
       size_t offj = (k - 1) * CE, mj = n - offj < CE ? n - offj : CE;
       for (int q = 0; q < P; q++) {
         size_t a = slice(q, P, mj), b = slice(q + 1, P, mj);
-        memcpy(out + offj + a, SLOT(q, pj) + a, (b - a) * sizeof(float));
+        if (nt) copy_nt(out + offj + a, SLOT(q, pj) + a, (b - a) * sizeof(float));
+        else memcpy(out + offj + a, SLOT(q, pj) + a, (b - a) * sizeof(float));
       }
     }
     atomic_store_explicit(&fl[me].done, t, memory_order_release);
   }
 #undef SLOT
+  if (nt) fence_nt();
   return 0;
+}
+
+int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, size_t n) {
+  return rsag(shared, me, P, in, out, n, 0);
+}
+
+int staged_floor_rsag_nt(void *shared, int me, int P, const float *in, float *out, size_t n) {
+  return rsag(shared, me, P, in, out, n, 1);
 }
 
 /* The same in flat's schedule. */
@@ -146,34 +192,39 @@ static void copy_movsb(void *dst, const void *src, size_t bytes) {
 }
 
 /* Gather of n floats from every rank into the root's out (P x n), rank order: the non-roots
- * stage chunk by chunk, the root copies its own part (with memcpy, or with `rep movsb` when
- * movsb is set: faster from 1 MiB on some CPUs, slower on others) and each chunk of theirs. */
-int staged_floor_gather(void *shared, int me, int P, int root, int movsb, const float *in,
+ * stage chunk by chunk, the root copies its own part and each chunk of theirs: how = 0 with
+ * memcpy, 1 its own part with `rep movsb` (faster from 1 MiB on some CPUs, slower on others),
+ * 2 everything with streaming stores (as hbmcoll does for large outputs). */
+int staged_floor_gather(void *shared, int me, int P, int root, int how, const float *in,
                         float *out, size_t n) {
   if (P < 1 || P > MAXP) return -1;
   flags_t *fl = shared;
   float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
   size_t CE = CHUNK / sizeof(float), K = n ? (n + CE - 1) / CE : 1;
 #define SLOT(q, p) (slots + ((size_t)(q) * 2 + (size_t)(p)) * CE)
-  if (me == root && movsb) copy_movsb(out + (size_t)me * n, in, n * sizeof(float));
-  if (me == root && !movsb) memcpy(out + (size_t)me * n, in, n * sizeof(float));
+  if (me == root && how == 1) copy_movsb(out + (size_t)me * n, in, n * sizeof(float));
+  else if (me == root && how == 2) copy_nt(out + (size_t)me * n, in, n * sizeof(float));
+  else if (me == root) memcpy(out + (size_t)me * n, in, n * sizeof(float));
   for (size_t k = 0; k < K; k++) {
     long t = ++round_no;
     int p = (int)(t & 1);
     size_t off = k * CE, m = n - off < CE ? n - off : CE;
-    if (me != root) { /* the root read my slot[p] of round t - 2 */
-      if (spin_until(&fl[root].done, t - 1)) return -1;
+    if (me != root) { /* my slot[p] of round t - 2 was read (by everyone, if it was an allreduce) */
+      for (int q = 0; q < P; q++)
+        if (q != me && spin_until(&fl[q].done, t - 1)) return -1;
       memcpy(SLOT(me, p), in + off, m * sizeof(float));
       atomic_store_explicit(&fl[me].arrived, t, memory_order_release);
     } else {
       for (int q = 0; q < P; q++) {
         if (q == me) continue;
         if (spin_until(&fl[q].arrived, t)) return -1;
-        memcpy(out + (size_t)q * n + off, SLOT(q, p), m * sizeof(float));
+        if (how == 2) copy_nt(out + (size_t)q * n + off, SLOT(q, p), m * sizeof(float));
+        else memcpy(out + (size_t)q * n + off, SLOT(q, p), m * sizeof(float));
       }
     }
     atomic_store_explicit(&fl[me].done, t, memory_order_release);
   }
 #undef SLOT
+  if (how == 2) fence_nt();
   return 0;
 }

@@ -126,9 +126,9 @@ def test_staged_floor_kernel_is_an_allreduce(P):
                         rc = getattr(kernel, f"staged_floor_{schedule}")(
                             base, me, P, x.ctypes.data, out.ctypes.data, n)
                         ok = ok and rc == 0 and np.array_equal(out, want)
-                    for root, movsb in ((P - 1, 0), (0, 1)):   # gather, into the root only
+                    for root, how in ((P - 1, 0), (0, 1), (P // 2, 2)):   # gather, to the root
                         g = np.zeros(n * P, np.float32)
-                        rc = kernel.staged_floor_gather(base, me, P, root, movsb, x.ctypes.data,
+                        rc = kernel.staged_floor_gather(base, me, P, root, how, x.ctypes.data,
                                                         g.ctypes.data, n)
                         want_g = np.concatenate([np.arange(n, dtype=np.float32) % 97 + q + it
                                                  for q in range(P)])

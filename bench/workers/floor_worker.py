@@ -5,15 +5,15 @@
 `floor` (the default): no communication, only each rank's memory work.
 `staged` (label floor-staged): that work plus the least data that must cross between the
 ranks, done by a bare C kernel (bench/c/staged_floor.c, compiled here on first use) in each of
-its two schedules; at each size the one faster on average over the ranks is kept.
+its three schedules; at each size the one fastest on average over the ranks is kept.
 
 Forks P processes, rank r pinned to the r-th allowed CPU (where hbmcoll's launcher puts its
 ranks when there are no more ranks than cores; on larger machines it spreads them), that all at
 once do `out = in + 1` on their own buffers: read the N-byte input, write the N-byte output with
 ordinary stores. Same rotation, touch and timing loop as the library workers
 (common.py), so a library's time over this one is what its communication costs on top of the
-bytes every rank must read and write anyway. Only allreduce has a floor; other collectives are
-reported as not supported. Buffers are ordinary NumPy arrays, so the floor is for the
+bytes every rank must read and write anyway. The plain floor is for allreduce only, the staged
+one for allreduce and gather; other collectives are reported as not supported. Buffers are ordinary NumPy arrays, so the floor is for the
 out-of-place variants (mpi4py, hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
 """
 import ctypes
@@ -35,7 +35,7 @@ import common as C  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
 # per collective, the schedules (kernel variants) measured; pass i runs the i-th of each
-SCHEDULES = {"allreduce": ("rsag", "flat"), "gather": ("memcpy", "movsb")}
+SCHEDULES = {"allreduce": ("rsag", "flat", "rsag_nt"), "gather": ("memcpy", "movsb", "nt")}
 
 
 def staged_kernel():
@@ -82,10 +82,10 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
         base = ctypes.addressof(ctypes.c_char.from_buffer(shared))
         if coll == "gather":   # only the root has an output
             r = [C.output(n * P if rank == 0 else 1) for _ in range(nbuf)]
-            movsb = SCHEDULES[coll][npass] == "movsb"
+            how = npass   # 0 memcpy, 1 movsb, 2 nt: SCHEDULES["gather"] in that order
 
             def call(b, me, P, sp, rp, n):
-                return kernel.staged_floor_gather(b, me, P, 0, movsb, sp, rp, n)
+                return kernel.staged_floor_gather(b, me, P, 0, how, sp, rp, n)
         else:
             r = [C.output(n) for _ in range(nbuf)]
             call = getattr(kernel, f"staged_floor_{SCHEDULES[coll][npass]}")
@@ -100,7 +100,7 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
         rows = C.run_all(spec, rank, P, barrier.wait, build)
         meta = {"library": "floor", "op": "out = in + 1, no communication"}
     else:  # every schedule; main() keeps the faster at each size
-        rows = [dict(row, schedule=SCHEDULES[row["collective"]][i]) for i in range(2)
+        rows = [dict(row, schedule=SCHEDULES[row["collective"]][i]) for i in range(3)
                 for row in C.run_all(spec, rank, P, barrier.wait,
                                      lambda c, z, nb, i=i: build(c, z, nb, i))]
         meta = {"library": "floor-staged", "op": "bare C (bench/c/staged_floor.c)"}
