@@ -69,6 +69,7 @@ bench-full: build
 # instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.
 #   make bench-c ARGS="-c allreduce -s 65536"      make bench-c-profile ARGS="-c bcast -s 8 -i 20000"
 build/coll_bench: bench/c/coll_bench.c bench/c/staged_floor.c $(wildcard libcoll/src/*.c libcoll/src/*.h) libcoll/include/coll.h
+	@mkdir -p build
 	gcc -std=c11 -O3 -march=native -g -c bench/c/staged_floor.c -o build/staged_floor.o
 	gcc -std=c11 -O3 -g -D_GNU_SOURCE -Ilibcoll/include -Ilibcoll/src libcoll/src/*.c $< build/staged_floor.o -o $@ -lpthread -lm
 

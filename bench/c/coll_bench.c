@@ -10,7 +10,9 @@
  * arena (hbmcoll.empty). Rank r is pinned to the r-th allowed CPU (round robin), as the
  * Python launcher's placement does; -u leaves the ranks unpinned. -F R (allreduce, gather):
  * R times in turn, the library's loop and the same loop with bench/c/staged_floor.c's bare
- * kernels (the least the data movement costs), on the same buffers; prints both medians. `make bench-c ARGS=...` builds it with the extension's flags.
+ * kernels in each of their schedules (the least the data movement costs), on the same
+ * buffers; prints the medians and the library's time over each.
+ * `make bench-c ARGS=...` builds it with the extension's flags.
  * `make bench-c-profile` runs one rank under callgrind: an instruction count of the call
  * path that repeats exactly whatever else the machine does (with more ranks the count
  * would include the spinning waits, which depend on timing).
@@ -27,11 +29,19 @@
 
 #include "coll.h"
 
+/* bench/c/staged_floor.c: the bare kernels -F compares with, in every schedule it has */
+typedef int (*floor_fn)(void *shared, int me, int P, const float *in, float *out, size_t n);
 int staged_floor_rsag(void *shared, int me, int P, const float *in, float *out, size_t n);
 int staged_floor_flat(void *shared, int me, int P, const float *in, float *out, size_t n);
-int staged_floor_gather(void *shared, int me, int P, int root, int movsb, const float *in,
+int staged_floor_rsag_nt(void *shared, int me, int P, const float *in, float *out, size_t n);
+int staged_floor_gather(void *shared, int me, int P, int root, int how, const float *in,
                         float *out, size_t n);
 size_t staged_floor_bytes(int P);
+enum { FLOOR_SCHEDULES = 3, MAX_REPS = 64 };
+static const floor_fn floor_allreduce[FLOOR_SCHEDULES] = {staged_floor_rsag, staged_floor_flat,
+                                                          staged_floor_rsag_nt};
+static const char *const floor_names[2][FLOOR_SCHEDULES] = {{"rsag", "flat", "rsag_nt"},
+                                                            {"memcpy", "movsb", "nt"}};
 static void *floor_shared; /* mapped before the fork */
 
 typedef struct {
@@ -87,40 +97,42 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static double floor_times[2][64]; /* [library, kernel][rep] on this rank, seconds per call */
+/* -F: [library, kernel schedules...][rep] on this rank, seconds per call */
+static double floor_times[1 + FLOOR_SCHEDULES][MAX_REPS];
 
-/* -F: the library's loop and the bare kernel's, in turn, on the same buffers. Returns the
- * library's median; floor_times holds both series. */
-static double compare_floor(coll_comm_t *c, const opts_t *o, int rank, float **send,
-                            float **recv, size_t n) {
+/* One call: the library (which = 0) or the bare kernel in schedule which - 1. */
+static int one_call(coll_comm_t *c, const opts_t *o, int rank, float *send, float *recv,
+                    size_t n, int which) {
+  if (which == 0) {
+    coll_args_t a = {.kind = o->kind, .dtype = COLL_FLOAT32, .op = COLL_SUM, .root = 0,
+                     .count = n, .send = send, .recv = o->kind == COLL_BCAST ? send : recv};
+    return coll_run(c, &a);
+  }
+  if (o->kind == COLL_GATHER)
+    return staged_floor_gather(floor_shared, rank, o->P, 0, which - 1, send, recv, n);
+  return floor_allreduce[which - 1](floor_shared, rank, o->P, send, recv, n);
+}
+
+/* The OSU loop: warm-up, barrier, timed loop over the rotating buffers. Seconds per call,
+ * or -1 (the error printed). */
+static double timed_loop(coll_comm_t *c, const opts_t *o, int rank, float **send, float **recv,
+                         size_t n, int which) {
   coll_args_t bar = {.kind = COLL_BARRIER, .dtype = COLL_FLOAT32};
-  int rc = 0, R = o->floor_reps;
-  for (int rep = 0; rep < R && rc == 0; rep++)
-    for (int which = 0; which < 2 && rc == 0; which++) {
-      double t0 = 0;
-      for (int it = 0; it < o->warm + o->iters && rc == 0; it++) {
-        if (it == o->warm) {
-          rc = coll_run(c, &bar);
-          t0 = now_s();
-        }
-        int k = it % o->nbuf;
-        send[k][0] = (float)(it % 7 + rank);
-        if (which == 0) {
-          coll_args_t a = {.kind = o->kind, .dtype = COLL_FLOAT32, .op = COLL_SUM, .root = 0,
-                           .count = n, .send = send[k], .recv = recv[k]};
-          rc = coll_run(c, &a);
-        } else if (o->kind == COLL_GATHER) {
-          rc = staged_floor_gather(floor_shared, rank, o->P, 0, 1, send[k], recv[k], n);
-        } else {
-          rc = (n * 4 <= (256 << 10) ? staged_floor_flat : staged_floor_rsag)(
-              floor_shared, rank, o->P, send[k], recv[k], n);
-        }
-      }
-      floor_times[which][rep] = (now_s() - t0) / o->iters;
-      if (rc == 0) rc = coll_run(c, &bar);
+  double t0 = 0;
+  int rc = 0;
+  for (int it = 0; it < o->warm + o->iters && rc == 0; it++) {
+    if (it == o->warm) {
+      rc = coll_run(c, &bar);
+      t0 = now_s();
     }
-  coll_comm_free(c);
-  return rc ? -1 : 0;
+    int k = it % o->nbuf;
+    if (n) send[k][0] = (float)(it % 7 + rank); /* the data differs every call */
+    if (rc == 0) rc = one_call(c, o, rank, send[k], recv[k], n, which);
+  }
+  double t = (now_s() - t0) / o->iters;
+  if (rc) fprintf(stderr, "rank %d: %s\n", rank, rc < 0 && which ? "a peer stopped answering"
+                                                              : coll_strerror(rc));
+  return rc ? -1 : t;
 }
 
 /* Runs one rank; returns its seconds per call (negative on failure). */
@@ -145,22 +157,14 @@ static double rank_main(int rank, const opts_t *o, const char *key) {
     for (size_t i = 0; i < n; i++) send[k][i] = (float)((i % 251) + rank);
   }
   coll_args_t bar = {.kind = COLL_BARRIER, .dtype = COLL_FLOAT32};
-  if (o->floor_reps > 0) return compare_floor(c, o, rank, send, recv, n);
-  double t0 = 0;
+  double t = 0;
+  /* -F: R times, the library's loop, then the kernel's in each schedule */
+  for (int rep = 0; rep < o->floor_reps && t >= 0; rep++)
+    for (int which = 0; which <= FLOOR_SCHEDULES && t >= 0; which++)
+      t = floor_times[which][rep] = timed_loop(c, o, rank, send, recv, n, which);
+  if (o->floor_reps == 0) t = timed_loop(c, o, rank, send, recv, n, 0);
   int total = o->warm + o->iters;
-  for (int it = 0; it < total && rc == 0; it++) {
-    if (it == o->warm) {
-      rc = coll_run(c, &bar);
-      t0 = now_s();
-    }
-    int k = it % o->nbuf;
-    if (n) send[k][0] = (float)(it % 7 + rank); /* the data differs every call */
-    coll_args_t a = {.kind = o->kind, .dtype = COLL_FLOAT32, .op = COLL_SUM, .root = 0,
-                     .count = n, .send = send[k], .recv = o->kind == COLL_BCAST ? send[k] : recv[k]};
-    rc = coll_run(c, &a);
-  }
-  double t = (now_s() - t0) / o->iters;
-  if (rc) fprintf(stderr, "rank %d: %s\n", rank, coll_strerror(rc));
+  rc = t < 0;
   if (rc == 0 && o->kind == COLL_ALLREDUCE) { /* last call: element 1 is sum over ranks of 1+r */
     int k = (total - 1) % o->nbuf;
     float want = (float)o->P + (float)(o->P * (o->P - 1) / 2);
@@ -192,7 +196,7 @@ int main(int argc, char **argv) {
     default: return 2;
     }
   }
-  if (o.nbuf < 1 || o.nbuf > 64 || o.P < 1 || o.P > 256 || o.floor_reps > 64) return 2;
+  if (o.nbuf < 1 || o.nbuf > 64 || o.P < 1 || o.P > 256 || o.floor_reps > MAX_REPS) return 2;
   if (o.floor_reps > 0 && ((o.kind != COLL_ALLREDUCE && o.kind != COLL_GATHER) || o.zc)) {
     fprintf(stderr, "coll_bench: -F compares allreduce or gather of private buffers\n");
     return 2;
@@ -206,13 +210,14 @@ int main(int argc, char **argv) {
   if (o.warm < 0) o.warm = o.iters / 10;
   char key[64];
   snprintf(key, sizeof key, "coll_bench.%d", (int)getpid());
-  double *times = mmap(NULL, sizeof(double) * (size_t)o.P * (1 + 2 * 64), PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  double *series = times + o.P; /* -F: [rank][library, kernel][rep] */
+  size_t per_rank = sizeof floor_times / sizeof(double);
+  double *times = mmap(NULL, sizeof(double) * (size_t)o.P * (1 + per_rank),
+                       PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  double *series = times + o.P; /* -F: every rank's floor_times */
   for (int r = 1; r < o.P; r++)
     if (fork() == 0) {
       times[r] = rank_main(r, &o, key);
-      memcpy(series + (size_t)r * 128, floor_times, sizeof floor_times);
+      memcpy(series + (size_t)r * per_rank, floor_times, sizeof floor_times);
       _exit(0);
     }
   times[0] = rank_main(0, &o, key);
@@ -226,21 +231,25 @@ int main(int argc, char **argv) {
   }
   if (bad) return 1;
   if (o.floor_reps > 0) { /* per rep the slower rank, then the median over reps */
-    double med[2];
-    for (int w = 0; w < 2; w++) {
-      double v[64];
+    double med[1 + FLOOR_SCHEDULES];
+    for (int w = 0; w <= FLOOR_SCHEDULES; w++) {
+      double v[MAX_REPS];
       for (int k = 0; k < o.floor_reps; k++) {
         v[k] = 0;
-        for (int r = 0; r < o.P; r++)
-          if (series[(size_t)r * 128 + (size_t)w * 64 + (size_t)k] > v[k])
-            v[k] = series[(size_t)r * 128 + (size_t)w * 64 + (size_t)k];
+        for (int r = 0; r < o.P; r++) {
+          double x = series[(size_t)r * per_rank + (size_t)w * MAX_REPS + (size_t)k];
+          if (x > v[k]) v[k] = x;
+        }
       }
       qsort(v, (size_t)o.floor_reps, sizeof v[0], cmp_double);
       med[w] = v[o.floor_reps / 2];
     }
-    printf("%s %zu B x %d ranks: library %.2f us, bare kernel %.2f us (%.2fx), medians of %d\n",
-           coll_kind_name(o.kind), o.bytes, o.P, med[0] * 1e6, med[1] * 1e6, med[0] / med[1],
-           o.floor_reps);
+    printf("%s %zu B x %d ranks, medians of %d: library %.2f us; bare kernel",
+           coll_kind_name(o.kind), o.bytes, o.P, o.floor_reps, med[0] * 1e6);
+    for (int w = 1; w <= FLOOR_SCHEDULES; w++)
+      printf(" %s %.2f us (%.2fx)", floor_names[o.kind == COLL_GATHER][w - 1], med[w] * 1e6,
+             med[0] / med[w]);
+    printf("\n");
     return 0;
   }
   printf("%s %zu B x %d ranks%s: %.2f us\n", coll_kind_name(o.kind), o.bytes, o.P,

@@ -13,8 +13,9 @@ once do `out = in + 1` on their own buffers: read the N-byte input, write the N-
 ordinary stores. Same rotation, touch and timing loop as the library workers
 (common.py), so a library's time over this one is what its communication costs on top of the
 bytes every rank must read and write anyway. The plain floor is for allreduce only, the staged
-one for allreduce and gather; other collectives are reported as not supported. Buffers are ordinary NumPy arrays, so the floor is for the
-out-of-place variants (mpi4py, hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
+one for allreduce and gather; other collectives are reported as not supported. Buffers are
+ordinary NumPy arrays, so the floors are for the out-of-place variants (mpi4py,
+hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
 """
 import ctypes
 import json
@@ -36,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
 # per collective, the schedules (kernel variants) measured; pass i runs the i-th of each
 SCHEDULES = {"allreduce": ("rsag", "flat", "rsag_nt"), "gather": ("memcpy", "movsb", "nt")}
+PASSES = len(SCHEDULES["allreduce"])   # the same number for every collective
 
 
 def staged_kernel():
@@ -99,16 +101,16 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
     if kernel is None:
         rows = C.run_all(spec, rank, P, barrier.wait, build)
         meta = {"library": "floor", "op": "out = in + 1, no communication"}
-    else:  # every schedule; main() keeps the faster at each size
-        rows = [dict(row, schedule=SCHEDULES[row["collective"]][i]) for i in range(3)
+    else:  # every schedule; main() keeps the fastest at each size
+        rows = [dict(row, schedule=SCHEDULES[row["collective"]][i]) for i in range(PASSES)
                 for row in C.run_all(spec, rank, P, barrier.wait,
                                      lambda c, z, nb, i=i: build(c, z, nb, i))]
         meta = {"library": "floor-staged", "op": "bare C (bench/c/staged_floor.c)"}
     C.write_rank(out, rank, P, dict(meta, pinned_cpu=cpus[rank % len(cpus)]), rows)
 
 
-def keep_faster_schedule(out, P):
-    """Leave in every rank's file only the rows of the schedule that was faster at each size
+def keep_fastest_schedule(out, P):
+    """Leave in every rank's file only the rows of the schedule that was fastest at each size
     (mean over ranks), the same one for all ranks."""
     files = [f"{out}.r{r}.json" for r in range(P)]
     docs = [json.load(open(f)) for f in files]
@@ -166,7 +168,7 @@ def main():
     for r, code in bad:
         print(f"[floor] rank {r} exited with {code}", file=sys.stderr)
     if kernel and not bad:
-        keep_faster_schedule(out, P)
+        keep_fastest_schedule(out, P)
     sys.exit(1 if bad else 0)
 
 

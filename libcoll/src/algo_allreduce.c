@@ -232,10 +232,13 @@ static int ar_pick(coll_comm_t *c, const coll_args_t *a, int *algo) {
 int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int algo = c->params.algo[a->kind], rc;
-  if (algo == 0) algo = nbytes <= c->params.small_max ? AR_FLAT : AR_RSAG;
-  if (a->count == 0) algo = AR_FLAT;
-  if (algo == AR_RSAG && !c->params.algo[a->kind] && c->size == 2 &&
-      a->kind == COLL_ALLREDUCE && nbytes < c->hdr->stream_min && (rc = ar_pick(c, a, &algo)))
-    return rc;
+  if (a->count == 0 || (algo == 0 && nbytes <= c->params.small_max)) {
+    algo = AR_FLAT;
+  } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE &&
+             nbytes < c->hdr->stream_min) {
+    if ((rc = ar_pick(c, a, &algo)) != 0) return rc;
+  } else if (algo == 0) {
+    algo = AR_RSAG;
+  }
   return algo == AR_RSAG ? ar_rsag(c, a) : ar_flat(c, a);
 }
