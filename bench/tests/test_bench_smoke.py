@@ -98,6 +98,30 @@ def test_targets_verdict_pairs_rounds_and_oversub():
     assert "1 of the misses out of reach" in md and "| 2.50x | **missed** (out of reach) |" in md, md
 
 
+def test_limit_target_judges_both_buffers_and_bounds_numpy_by_the_staged_floor():
+    def row(lb, rnd, t):
+        return {"label": lb, "library": lb.split("-")[0], "P": 2, "collective": "allreduce",
+                "size": 16 << 20, "round": rnd, "avg_us": t, "min_us": t, "max_us": t,
+                "status": "ok"}
+    # 2PN = 64 MiB at 33.554432 GB/s = 2000 us: a 4000 us allreduce reaches 50%
+    lim = {"cores": 2, "all_cores_GBps": 33.554432, "by_procs": {"2": {"best_GBps": 33.554432}}}
+    rows = [row("hbmcoll-numpy", k, t) for k, t in enumerate((4200.0, 5000.0))] + \
+           [row("floor-staged", k, t) for k, t in enumerate((4100.0, 4400.0))] + \
+           [row("hbmcoll-empty", k, t) for k, t in enumerate((2500.0, 5000.0))]
+    res = {r["label"]: r for r in targets.check(report.summarize(rows, lim), rows, [])
+           if r["target"] == targets.LIMIT[0]}
+    numpy, empty = res["hbmcoll-numpy"], res["hbmcoll-empty"]
+    assert numpy["measured"] == pytest.approx(2000 / 4200) and numpy["ok"] is False
+    assert numpy["ceiling"] == pytest.approx(2000 / 4100)  # the floor itself is below 50%
+    assert numpy["rounds_held"] == "0/2"
+    assert empty["measured"] == pytest.approx(0.8) and empty["ok"] is True
+    assert empty["rounds_held"] == "1/2" and empty["paired_median"] == pytest.approx(0.6)
+    md = "\n".join(targets.markdown(list(res.values()) + [
+        {"target": "x", "label": "y", "need": 2.0, "measured": 3.0, "paired_median": None,
+         "rounds_held": None, "ok": True}]))
+    assert "| 48% | 44% | 0/2 | 49% | **missed** (out of reach) |" in md, md
+
+
 @pytest.mark.parametrize("P", [2, 3])
 def test_staged_floor_kernel_is_an_allreduce(P):
     """The staged floor must do the work it stands for: every rank ends with the sum (the
