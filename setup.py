@@ -3,6 +3,7 @@ hbmcoll._core, compiled from libcoll/ (collectives), numa/ (placement) and
 pymod/*.c (the CPython binding)."""
 import glob
 import os
+import sys
 
 from setuptools import Extension, setup
 
@@ -22,6 +23,8 @@ try:
     numpy_include, numpy_macros = [numpy.get_include()], [("HB_HAVE_NUMPY", "1")]
 except ImportError:
     numpy_include, numpy_macros = [], []
+    print("hbmcoll: NumPy is not importable at build time: plain arrays will take the buffer "
+          "protocol (slower for small messages)", file=sys.stderr)
 
 core = Extension(
     "hbmcoll._core",

@@ -507,7 +507,8 @@ static PyMethodDef hb_functions[] = {
 
 static int hb_exec(PyObject *m) {
   hb_state_t *st = hb_state_of(m);
-  hb_np_init();
+  /* 0 when the build had no NumPy headers (setup.py says so); tests check it is 1 */
+  if (PyModule_AddIntConstant(m, "NUMPY_SHORTCUT", hb_np_init()) < 0) return -1;
   st->Error = PyErr_NewExceptionWithDoc("hbmcoll.Error", "A collective failed.", PyExc_RuntimeError, NULL);
   if (st->Error == NULL) return -1;
   st->MismatchError = PyErr_NewExceptionWithDoc(

@@ -43,7 +43,7 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
 void hb_buf_release(hb_buf_t *b);
 
 /* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */
-void hb_np_init(void);
+int hb_np_init(void); /* 1: plain NumPy arrays take the shortcut (numpy_fast.c) */
 int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
 
 /* _core.c */

@@ -20,13 +20,14 @@
 
 static int np_ready; /* NumPy's C API table is loaded */
 
-void hb_np_init(void) {
-  if (np_ready) return;
+int hb_np_init(void) {
+  if (np_ready) return 1;
   if (_import_array() < 0) { /* no NumPy at run time: buffer protocol only */
     PyErr_Clear();
-    return;
+    return 0;
   }
   np_ready = 1;
+  return 1;
 }
 
 static int np_dtype(int type_num, coll_dtype_t *dt) {
@@ -59,7 +60,7 @@ int hb_np_get(PyObject *obj, int writable, hb_buf_t *b) {
 }
 
 #else
-void hb_np_init(void) {}
+int hb_np_init(void) { return 0; }
 int hb_np_get(PyObject *obj, int writable, hb_buf_t *b) {
   (void)obj, (void)writable, (void)b;
   return 1;

@@ -202,6 +202,13 @@ def test_numpy_kinds_all_arrive(comm1):
     assert sys.getrefcount(held) == before  # the shortcut's reference is given back
 
 
+def test_numpy_shortcut_is_built_in():
+    """A build without NumPy's headers still works but pays the buffer protocol on every
+    array (0.15 us of a 0.3 us call); every way this project builds must have them."""
+    from hbmcoll import _core
+    assert _core.NUMPY_SHORTCUT == 1, "hbmcoll._core was built without NumPy headers"
+
+
 def test_size_one_collectives(comm1):
     """Every collective on one rank is a copy (or nothing)."""
     a = np.arange(10, dtype=np.float64)
