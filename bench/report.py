@@ -145,8 +145,10 @@ def markdown(summ, lim, meta, oversub, tg=None):
                    f"{lim['all_cores_GBps']:.1f} GB/s" + (
                        f" (STREAM add, all cores: {lim['all_cores_add_GBps']:.1f} GB/s)"
                        if lim.get("all_cores_add_GBps") else "") +
-                   ". Above 100% of B: the data stayed in cache, or the machine was quieter "
-                   "during that launch than during every bandwidth measurement.")
+                   ". Above 100% of B: the data stayed in cache, the machine was quieter "
+                   "during that launch than during every bandwidth measurement, or the "
+                   "collective wrote with streaming stores (no read for ownership, which the "
+                   "STREAM kernels pay and do not count).")
     hn = meta.get("noise") or {}
     if hn.get("start") or hn.get("end"):
         out.append("Host noise (`bench/noise.py`: a pinned process per CPU reading the clock; a "
