@@ -58,7 +58,9 @@
 
 #include "internal.h"
 
-enum { AR_FLAT = 1, AR_RSAG = 2 };
+/* AR_FLAT_FIRST: flat whose first round may hand over to rsag (top); its own id, so that a rank
+ * forced to plain flat and one choosing never pair up (their descriptors then disagree). */
+enum { AR_FLAT = 1, AR_RSAG = 2, AR_FLAT_FIRST = 3 };
 
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a);
 
@@ -95,7 +97,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
   const void *in[P];
 
-  uint64_t t0 = coll__begin_algo(c, a, AR_FLAT, zoff, roff);
+  uint64_t t0 = coll__begin_algo(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;

@@ -117,6 +117,15 @@ def _mm_algorithm(comm, odd):
     comm.allreduce(np.zeros(100, np.float32))
 
 
+def _mm_algorithm_forced_flat(comm, odd):
+    # one rank forced to flat, the others choosing with an arena buffer (2 ranks: flat whose
+    # first round may hand over to rsag; they must not pair up with plain flat)
+    if odd:
+        comm.set_algorithm("allreduce", "flat")
+    buf = np.zeros(16384, np.float32) if odd else comm.empty(16384, np.float32)
+    comm.allreduce(buf)
+
+
 def _mm_nonblocking(comm, odd):
     comm.iallreduce(np.zeros(6 if odd else 5, np.float64)).wait(timeout=60)
 
@@ -170,6 +179,7 @@ def expect_of(name, c, odd):
             "count_bcast": ["count=8", "count=9"], "kind": ["allreduce(", "bcast("],
             "kind_barrier": ["allreduce(", "barrier("], "kind_allgather": ["allgather(", "alltoall("],
             "algorithm": ["algorithm 1", "algorithm 2"], "nonblocking": ["count=5", "count=6"],
+            "algorithm_forced_flat": ["algorithm 1", "algorithm 3" if c.size == 2 else "algorithm 2"],
             "after_good_calls": ["root=0", f"root={c.size - 1}"]}[name]
 
 
