@@ -44,13 +44,13 @@
  * rsag reads and writes arena buffers in place (hbmcoll.empty, also in
  * place), and whether a peer's buffers are in the arena shows only in its
  * descriptor. So flat's first round doubles as the choice: each rank
- * publishes where its buffers are (send_off, recv_off) and a rank with both
- * private stages its first chunk as flat would; when all descriptors say
- * private, flat goes on with no extra round (a separate round without data
- * cost 0.25 us of 3.2-3.9 at 64 KiB); when any buffer is in the arena, every
- * rank sees it in the same descriptors and all go to rsag from the next
- * round (the speculative chunk is dropped; a rank whose own buffers are in
- * the arena knows the outcome and stages nothing).
+ * publishes where its buffers are (recv_off: both in the arena, where rsag
+ * is zero copy) and stages its first chunk as flat would; when no rank has
+ * both in the arena, flat goes on with no extra round (a separate round
+ * without data cost 0.25 us of 3.2-3.9 at 64 KiB); otherwise every rank sees
+ * it in the same descriptors and all go to rsag from the next round (the
+ * staged chunk is dropped; a rank whose own buffers decide it stages
+ * nothing).
  *
  * Empty messages still take one round, so disagreements are always caught.
  */
@@ -74,10 +74,11 @@ static int ar_overlap(const void *a, const void *b, size_t n) {
   return x < y + n && y < x + n;
 }
 
-/* The first round of a 2-rank allreduce in flat said some buffer is in the arena: rsag. */
+/* The first round of a 2-rank allreduce in flat said some rank has both buffers in the arena
+ * (recv_off, published only then): rsag, which then reads and writes them in place. */
 static int ar_any_arena(coll_comm_t *c) {
   for (int q = 0; q < c->size; q++)
-    if (coll__desc(c, q)->send_off || coll__desc(c, q)->recv_off) return 1;
+    if (coll__desc(c, q)->recv_off) return 1;
   return 0;
 }
 
@@ -92,8 +93,10 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   const uint8_t *send = a->send;
   uint8_t *recv = a->recv;
   uint64_t zoff = coll__arena_offset(c, send, nbytes);
-  uint64_t roff = spec ? coll__arena_offset(c, recv, nbytes) : 0;
-  int to_rsag = spec && (zoff || roff); /* mine are in the arena: so will all be rsag */
+  /* rsag is zero copy only for a rank with both buffers in the arena (in place counts); an
+   * arena input alone flat reads in place too, and an arena output alone gains nothing */
+  uint64_t roff = spec && zoff ? coll__arena_offset(c, recv, nbytes) : 0;
+  int to_rsag = roff != 0; /* so will every rank be rsag */
   if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
   const void *in[P];
 

@@ -102,7 +102,8 @@ struct coll_comm {
   uint64_t round;
   uint64_t seq;
   uint64_t extra_seq;         /* descriptors not of the caller's collectives (creation's
-                               * barriers, allreduce's pick round): messages count calls */
+                               * barriers, a 2-rank allreduce's hand-over from flat to
+                               * rsag): messages count calls */
   uint64_t splits;
   uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
   int slot_reader[2];         /* the one reader of slot[p], or -1 for all */

@@ -344,13 +344,17 @@ static int rank_mismatch(int rank, int size, const char *key, void *arg) {
   if (comm_open(rank, size, key, 20, &c)) return 1; /* a hang shows up as ETIMEDOUT */
   int bad = 0;
   /* good collectives first, so the disagreement is not in collective #1: a barrier and a
-   * 64 KiB allreduce (with 2 ranks it takes an extra round to pick its algorithm); the message
-   * numbers the caller's collectives, so this is #3 whatever the library ran inside */
+   * 64 KiB allreduce, in place in the arena on rank 0 (with 2 ranks flat's first round then
+   * hands over to rsag: two descriptors for one call); the message numbers the caller's
+   * collectives, so this is #3 whatever the library ran inside */
   coll_args_t b = {.kind = COLL_BARRIER};
   EXPECT(coll_run(c, &b) == 0, "rank %d: first barrier", rank);
   static float ar_in[16384], ar_out[16384];
+  void *ar_arena = NULL;
+  if (rank == 0) EXPECT(coll_arena_alloc(c, sizeof ar_in, 64, &ar_arena) == 0, "arena");
   coll_args_t ar = {.kind = COLL_ALLREDUCE, .dtype = COLL_FLOAT32, .op = COLL_SUM,
-                    .count = 16384, .send = ar_in, .recv = ar_out};
+                    .count = 16384, .send = ar_arena ? ar_arena : ar_in,
+                    .recv = ar_arena ? ar_arena : ar_out};
   EXPECT(coll_run(c, &ar) == 0, "rank %d: good allreduce", rank);
   coll_args_t a;
   const char *algo = NULL;
@@ -369,6 +373,7 @@ static int rank_mismatch(int rank, int size, const char *key, void *arg) {
   if (!bad) bad = expect_failed(c, COLL_EMISMATCH, mc->name);
   free(send);
   free(recv);
+  if (ar_arena) coll_arena_free(c, ar_arena);
   coll_comm_free(c);
   return bad;
 }
