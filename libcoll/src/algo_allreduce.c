@@ -104,7 +104,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
-    int p = (int)(t & 1), stage = !zoff && !(k == 0 && to_rsag);
+    int p = (int)(t & 1), stage = !zoff && !to_rsag; /* to_rsag: k = 0 is the last round */
     if (stage) {
       if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
       if (n) memcpy(coll__slot(c, me, p), send + off * es, n * es);
