@@ -12,6 +12,8 @@
 #include "core.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <unistd.h>
 
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
 
@@ -51,6 +53,35 @@ static int hb_interrupt(void *arg) {
   return rc < 0;
 }
 
+/* Before a collective: the communicator must belong to this process and, unless
+ * the caller orders collectives itself, to this thread. Threads racing to issue
+ * collectives could pair them differently on each rank (silently wrong sums),
+ * so a second thread is refused at once, on its own rank, before anything moves. */
+static int hb_comm_usable(hb_comm_t *self) {
+  if (self->comm == NULL) return 0; /* hb_comm_lock says "closed" */
+  if (coll_comm_forked(self->comm)) {
+    char text[256];
+    snprintf(text, sizeof text,
+             "this communicator belongs to process %d; a fork()ed child (pid %d) cannot use "
+             "it: call hbmcoll.init() in the child for a communicator of its own",
+             coll_comm_owner_pid(self->comm), (int)getpid());
+    hb_raise(self->state, COLL_EFORKED, text);
+    return -1;
+  }
+  if (!self->any_thread && PyThread_get_thread_ident() != self->owner_thread) {
+    char text[320];
+    snprintf(text, sizeof text,
+             "this communicator is used by thread %lu (the one that created it, or the last to "
+             "call bind_thread()); collectives from thread %lu could pair up differently on each "
+             "rank, so they are refused: use one communicator per thread (comm.split), or hand "
+             "it over with comm.bind_thread() in the new thread",
+             self->owner_thread, PyThread_get_thread_ident());
+    hb_raise(self->state, COLL_ENOTSUP, text);
+    return -1;
+  }
+  return 0;
+}
+
 static PyObject *hb_comm_error(hb_comm_t *self, int rc) {
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   const char *text = NULL;
@@ -73,6 +104,7 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (self == NULL) return NULL;
   hb_comm_lock_init(self);
   self->state = PyType_GetModuleState(type);
+  self->owner_thread = PyThread_get_thread_ident();
   if (size < 1 || rank < 0 || rank >= size) {
     Py_DECREF(self);
     return PyErr_Format(PyExc_ValueError, "rank %d is not in range for size %d", rank, size);
@@ -225,19 +257,37 @@ fail:
 }
 
 /* run(kind, send=None, recv=None, op=0, root=0): the hot path, so FASTCALL
- * without building an argument tuple. */
-static int hb_parse_run(PyObject *const *args, Py_ssize_t n, int *kind, PyObject **send,
-                        PyObject **recv, int *op, int *root) {
+ * without building an argument tuple. The one place where kind, op and root
+ * are range-checked, as Python ints, before they are narrowed to C ints. */
+static int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, int *kind,
+                        PyObject **send, PyObject **recv, int *op, int *root) {
   if (n < 1 || n > 5) {
     PyErr_SetString(PyExc_TypeError, "run/start take 1 to 5 arguments");
     return -1;
   }
-  long v[3] = {0, 0, 0};
+  long long v[3] = {0, 0, 0};
   const int at[3] = {0, 3, 4};
   for (int i = 0; i < 3; i++) {
     if (at[i] >= n) continue;
-    v[i] = PyLong_AsLong(args[at[i]]);
+    int overflow = 0;
+    v[i] = PyLong_AsLongLongAndOverflow(args[at[i]], &overflow);
     if (v[i] == -1 && PyErr_Occurred()) return -1;
+    if (overflow) v[i] = overflow < 0 ? LLONG_MIN : LLONG_MAX; /* out of every range below */
+  }
+  int size = self->comm ? coll_comm_size(self->comm) : 1;
+  if (v[0] < 0 || v[0] >= COLL_KIND_COUNT) {
+    PyErr_SetString(PyExc_ValueError, "unknown collective");
+    return -1;
+  }
+  if (v[1] < 0 || v[1] >= COLL_OP_COUNT) {
+    PyErr_SetString(PyExc_ValueError, "unknown reduction op");
+    return -1;
+  }
+  if (v[2] < 0 || v[2] >= size) {
+    if (at[2] < n)
+      PyErr_Format(PyExc_ValueError, "root %R is not a rank of this communicator (size %d)",
+                   args[at[2]], size);
+    return -1;
   }
   *kind = (int)v[0], *op = (int)v[1], *root = (int)v[2];
   *send = n > 1 ? args[1] : Py_None;
@@ -248,7 +298,9 @@ static int hb_parse_run(PyObject *const *args, Py_ssize_t n, int *kind, PyObject
 static PyObject *comm_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs) {
   int kind, op, root;
   PyObject *send, *recv;
-  if (hb_parse_run(args, nargs, &kind, &send, &recv, &op, &root) != 0) return NULL;
+  if (hb_comm_usable(self) != 0 ||
+      hb_parse_run(self, args, nargs, &kind, &send, &recv, &op, &root) != 0)
+    return NULL;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_args_t a;
   hb_buf_t sb, rb;
@@ -270,7 +322,9 @@ static PyObject *comm_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *comm_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs) {
   int kind, op, root;
   PyObject *send, *recv;
-  if (hb_parse_run(args, nargs, &kind, &send, &recv, &op, &root) != 0) return NULL;
+  if (hb_comm_usable(self) != 0 ||
+      hb_parse_run(self, args, nargs, &kind, &send, &recv, &op, &root) != 0)
+    return NULL;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_args_t a;
   hb_buf_t sb, rb;
@@ -293,7 +347,7 @@ static PyObject *comm_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t n
 static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
   int color, key = 0;
   if (!PyArg_ParseTuple(args, "i|i", &color, &key)) return NULL;
-  if (hb_comm_lock(self) != 0) return NULL;
+  if (hb_comm_usable(self) != 0 || hb_comm_lock(self) != 0) return NULL;
   coll_comm_t *sub = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -319,6 +373,8 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
     if (obj) {
       hb_comm_lock_init(obj);
       obj->state = self->state;
+      obj->owner_thread = PyThread_get_thread_ident();
+      obj->any_thread = self->any_thread;
       obj->comm = sub;
       obj->placement = Py_XNewRef(self->placement);
       result = (PyObject *)obj;
@@ -375,9 +431,22 @@ static PyObject *comm_get_size(hb_comm_t *self, void *c) {
   (void)c;
   return self->comm ? PyLong_FromLong(coll_comm_size(self->comm)) : hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
 }
+/* Closed by close(), or failed for good (mismatch, lost peer, timeout, Ctrl-C, abort). */
 static PyObject *comm_get_closed(hb_comm_t *self, void *c) {
   (void)c;
-  return PyBool_FromLong(self->comm == NULL);
+  return PyBool_FromLong(self->comm == NULL || coll_comm_error(self->comm, NULL) != 0);
+}
+
+static PyObject *comm_bind_thread(hb_comm_t *self, PyObject *unused) {
+  (void)unused;
+  self->owner_thread = PyThread_get_thread_ident();
+  Py_RETURN_NONE;
+}
+
+static PyObject *comm_allow_any_thread(hb_comm_t *self, PyObject *unused) {
+  (void)unused;
+  self->any_thread = 1;
+  Py_RETURN_NONE;
 }
 static PyObject *comm_get_single_copy(hb_comm_t *self, void *c) {
   (void)c;
@@ -402,6 +471,10 @@ static PyMethodDef comm_methods[] = {
     {"arena_alloc", (PyCFunction)comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
     {"close", (PyCFunction)comm_close, METH_NOARGS, "release the communicator"},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS, "fail the communicator on every rank"},
+    {"bind_thread", (PyCFunction)comm_bind_thread, METH_NOARGS,
+     "make the calling thread the one that issues collectives"},
+    {"allow_any_thread", (PyCFunction)comm_allow_any_thread, METH_NOARGS,
+     "let every thread issue collectives (the caller keeps their order the same on all ranks)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef comm_getset[] = {
@@ -435,6 +508,9 @@ static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
   if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "negative size");
   if (self->comm == NULL) return hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
+  const char *failed = NULL;
+  int code = coll_comm_error(self->comm, &failed);
+  if (code != 0) return hb_raise(self->state, code, failed);
   void *ptr;
   int rc = coll_arena_alloc(self->comm, (size_t)nbytes, 64, &ptr);
   if (rc == -ENOMEM)

@@ -36,6 +36,8 @@ typedef struct {
   PyObject *placement; /* Placement the segment was placed with, or NULL */
   coll_comm_t *kept;   /* closed, but arena arrays still point into its mapping */
   Py_ssize_t arena_live; /* ArenaBuffers not yet released */
+  unsigned long owner_thread; /* the only thread that may issue collectives ... */
+  int any_thread;             /* ... unless the caller orders them itself (torch backend) */
 } hb_comm_t;
 
 /* buffer.c */

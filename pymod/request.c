@@ -60,8 +60,18 @@ static double request_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* -1 with Error set when this is a fork()ed child's copy of the parent's request. */
+static int request_forked(hb_request_t *r) {
+  coll_comm_t *c = r->comm->comm ? r->comm->comm : r->comm->kept;
+  if (r->finished || c == NULL || !coll_comm_forked(c)) return 0;
+  hb_raise(r->comm->state, COLL_EFORKED,
+           "this request was started by the parent process; a fork()ed child cannot wait for it");
+  return -1;
+}
+
 static PyObject *request_wait(hb_request_t *r, PyObject *args, PyObject *kw) {
   static char *names[] = {"timeout", NULL};
+  if (request_forked(r)) return NULL;
   PyObject *tobj = Py_None;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", names, &tobj)) return NULL;
   double timeout = -1;
@@ -93,6 +103,7 @@ static PyObject *request_wait(hb_request_t *r, PyObject *args, PyObject *kw) {
 
 static PyObject *request_test(hb_request_t *r, PyObject *unused) {
   (void)unused;
+  if (request_forked(r)) return NULL;
   if (!r->finished) {
     int result = 0;
     if (!coll_req_test(r->req, &result)) Py_RETURN_FALSE;
@@ -113,13 +124,39 @@ static PyObject *request_done(hb_request_t *r, void *c) {
   return PyBool_FromLong(r->finished);
 }
 
+/* A request dropped while its collective runs: wait for it (peers may still
+ * use the buffers), in slices, running signal handlers between them. Ctrl-C
+ * fails the communicator on every rank, which ends the collective at once;
+ * the KeyboardInterrupt is raised again at the caller's next bytecode, since
+ * a deallocator cannot raise. An exception already in flight is kept. */
+static void request_drain(hb_request_t *r) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  int interrupted = 0, fin = 0;
+  while (!fin) {
+    Py_BEGIN_ALLOW_THREADS
+    coll_req_wait(r->req, 0.05);
+    fin = coll_req_test(r->req, NULL);
+    Py_END_ALLOW_THREADS
+    if (fin || interrupted || PyErr_CheckSignals() == 0) continue;
+    interrupted = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ? 2 : 1;
+    if (interrupted == 2) PyErr_Clear();
+    else PyErr_WriteUnraisable((PyObject *)r); /* another handler's error: shown, not lost */
+    if (r->comm->comm) coll_comm_abort(r->comm->comm, COLL_EPEERLOST);
+  }
+  PyErr_Restore(type, value, tb);
+  if (interrupted == 2) PyErr_SetInterrupt();
+}
+
 static void request_dealloc(hb_request_t *r) {
   PyTypeObject *tp = Py_TYPE(r);
   PyObject_GC_UnTrack(r);
-  if (r->req) { /* waits if still running: peers may still use the buffers */
-    Py_BEGIN_ALLOW_THREADS
-    coll_req_free(r->req);
-    Py_END_ALLOW_THREADS
+  coll_comm_t *c = r->comm->comm ? r->comm->comm : r->comm->kept;
+  if (r->req && c && coll_comm_forked(c)) /* the parent's request: its thread is not here */
+    r->req = NULL;
+  if (r->req) {
+    if (!coll_req_test(r->req, NULL)) request_drain(r);
+    coll_req_free(r->req); /* finished: does not wait */
     r->req = NULL;
   }
   hb_buf_release(&r->sb);

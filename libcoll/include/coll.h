@@ -33,13 +33,15 @@ extern "C" {
   XX(EINTERRUPTED, -20004, "interrupted by a signal while waiting")              \
   XX(EBOOTSTRAP, -20005, "ranks could not meet to build the communicator")       \
   XX(EBADARG, -20006, "invalid argument")                                         \
-  XX(ENOTSUP, -20007, "not supported by this build or environment")
+  XX(ENOTSUP, -20007, "not supported by this build or environment")              \
+  XX(EFORKED, -20008, "the communicator belongs to the process that created it, "   \
+                      "not to this forked child")
 
 typedef enum {
 #define COLL_ERR_ENUM_(name, value, text) COLL_##name = value,
   COLL_ERRNO_MAP(COLL_ERR_ENUM_)
 #undef COLL_ERR_ENUM_
-  COLL_ERR_LAST_ = -20008
+  COLL_ERR_LAST_ = -20009
 } coll_errno_t;
 
 /* Text for any code this library returns (library codes and -errno). */
@@ -73,8 +75,9 @@ const char *coll_op_name(coll_op_t op);
  * bfloat16 accumulate in float32 and round once (to nearest even). Integer
  * SUM/PROD wrap around; COLL_AVG divides the (wrapped) sum by `divisor`,
  * integers with truncating division, floats in their accumulation type.
- * MIN/MAX use `a < b`: a NaN in inputs[0] propagates, a later one is ignored;
- * of equal values (+0/-0) the earlier input wins. `out` may be the same
+ * MIN/MAX propagate a NaN from any input (NumPy's minimum/maximum, MPI): the
+ * first NaN in input order is the one kept; of equal values (+0/-0) the
+ * earlier input wins. `out` may be the same
  * pointer as any input (partial overlap is not supported).
  * Returns 0 (count == 0 touches nothing), or COLL_EBADARG for an unknown
  * dtype/op, ninputs == 0, divisor == 0 with COLL_AVG, or a NULL pointer. */
@@ -95,11 +98,22 @@ typedef int (*coll_interrupt_fn)(void *arg);
  * on hwloc): `local_ranks` are the node-local ranks that use it most. */
 typedef int (*coll_place_fn)(void *arg, void *addr, size_t len, const int *local_ranks, int n);
 
+/* Receives one line (no newline) the library wants a person to read: a
+ * stall ("rank 0 has waited 60 s in allreduce #12 for rank 3 ..."). Called
+ * from the waiting thread, without any lock of the library held. */
+typedef void (*coll_warn_fn)(void *arg, const char *text);
+
 typedef struct {
   int rank;               /* this process, 0..size-1 */
   int size;               /* processes in the communicator, all on this node */
-  const char *job_key;    /* same string on every rank of one job; keeps jobs apart */
-  double timeout_s;       /* deadline for every wait; <= 0: HBMCOLL_TIMEOUT or 60 s */
+  const char *job_key;    /* same string on every rank of one job, different for every other
+                           * job; it names the rendezvous, so it must hold a secret of the job
+                           * (another local user who can guess it can delay the start) */
+  double timeout_s;       /* hard limit for every wait; <= 0: HBMCOLL_TIMEOUT, else none
+                           * (a dead peer is found in ~20 ms either way; a live, slow one only
+                           * makes the waiters warn, after HBMCOLL_STALL_WARN seconds) */
+  coll_warn_fn warn;      /* optional: stall warnings; NULL writes them to stderr */
+  void *warn_arg;
   coll_place_fn place;    /* optional: rank 0 places the segment with it */
   void *place_arg;
   const int *local_ranks; /* optional: node-local rank of each rank (default: the rank) */
@@ -109,10 +123,15 @@ typedef struct {
 
 /* Collective over `size` processes: build a communicator. Rank 0 creates the
  * shared segment and listens on an abstract Unix socket named after job_key;
- * the others connect (retrying until the timeout), prove they are the same
- * user, and receive the segment's fd. Returns 0 and *comm_p, or
- * COLL_EBOOTSTRAP (peers never came, or disagree on size or ranks),
- * COLL_EBADARG, -ENOMEM, or another -errno. */
+ * the others connect (retrying until the timeout, if any), prove they are the
+ * same user and know the whole key, and receive the segment's fd. Returns 0
+ * and *comm_p, or COLL_EBOOTSTRAP (peers never came, disagree on size or
+ * ranks, or a persistent error such as EMFILE ended the wait: the text says
+ * which), COLL_EBADARG (also a malformed HBMCOLL_* variable: the text names
+ * it and the values it takes), -ENOMEM, or another -errno. The communicator
+ * belongs to the calling process: in a fork()ed child every call on it
+ * returns COLL_EFORKED, and coll_comm_free there releases only the child's
+ * own resources (the parent's communicator is not touched). */
 int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
 
 /* Collective over `comm`: ranks with the same color form a new communicator,
@@ -120,9 +139,10 @@ int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
  * set to NULL. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
 
-/* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST
- * instead of running into the timeout), then release everything (threads,
- * mappings, fds). Queued requests fail with COLL_EABORTED. NULL is fine. */
+/* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST,
+ * "rank r left before collective #n"), then release everything (threads,
+ * mappings, fds). Queued requests fail with COLL_EABORTED. NULL is fine. In a
+ * forked child it says nothing to the peers and only unmaps and closes. */
 void coll_comm_free(coll_comm_t *comm);
 /* Local: only say this rank has left; later calls on it fail. The mapping
  * stays (arena buffers remain readable) until coll_comm_free. */
@@ -131,6 +151,11 @@ void coll_comm_leave(coll_comm_t *comm);
 /* Local: mark the communicator failed for every rank (they leave their waits
  * with COLL_EABORTED, or `reason` if it is a library code). */
 void coll_comm_abort(coll_comm_t *comm, int reason);
+
+/* 1 when called in a fork()ed child of the process that created comm (every
+ * call on it there returns COLL_EFORKED), else 0; the creator's pid. */
+int coll_comm_forked(const coll_comm_t *comm);
+int coll_comm_owner_pid(const coll_comm_t *comm);
 
 int coll_comm_rank(const coll_comm_t *comm);
 int coll_comm_size(const coll_comm_t *comm);

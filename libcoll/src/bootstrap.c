@@ -1,6 +1,10 @@
 /*
  * bootstrap.c - ranks of one node meet, share the segment's fd and pidfds.
  *
+ * The key holds a secret of the job (from the launcher, its store, or for a
+ * split the random secret in the parent's segment), so the socket's name
+ * cannot be guessed from outside the job and squatted.
+ *
  * Rank 0 listens on a Unix socket named from the uid and a hash of the key:
  * abstract ("\0hbmcoll.<uid>.<hash>": no file, but it lives in the network
  * namespace), or, with HBMCOLL_RENDEZVOUS_DIR, a file in that directory, so
@@ -19,6 +23,7 @@
  * within one PID namespace.
  */
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,9 +62,9 @@ typedef struct {
 } boot_pids_t;
 
 typedef struct {
-  double deadline;
-  coll_interrupt_fn interrupt; /* Ctrl-C during init/split: checked every slice */
-  void *arg;
+  double deadline; /* INFINITY without HBMCOLL_TIMEOUT */
+  double start, next_warn;
+  coll_comm_t *c;  /* rank, size, interrupt check, warn callback */
   const char *dir; /* HBMCOLL_RENDEZVOUS_DIR, or NULL: abstract socket */
 } boot_t;
 
@@ -94,17 +99,33 @@ static int boot_same_user(int fd) {
   return cred.uid == getuid() ? 0 : -EACCES;
 }
 
+static int boot_interrupted(const boot_t *b) {
+  return b->c->interrupt_fn && b->c->interrupt_fn(b->c->interrupt_arg);
+}
+
+/* Past HBMCOLL_STALL_WARN (then at doubling intervals): one line saying who
+ * waits for whom. A job whose ranks start slowly (imports) is not an error. */
+static void boot_maybe_warn(boot_t *b, const char *waiting_for) {
+  double now = boot_now();
+  if (now < b->next_warn) return;
+  coll__warn(b->c, "rank %d has waited %.0f s for %s to start the communicator (%d ranks)%s",
+             b->c->rank, now - b->start, waiting_for, b->c->size,
+             b->c->params.timeout_s > 0 ? "" : "; HBMCOLL_TIMEOUT=S makes this an error");
+  b->next_warn = b->start + 2 * (now - b->start);
+}
+
 /* Wait for `events` on fd in short slices: >0 ready, -ETIMEDOUT at the
  * deadline, COLL_EINTERRUPTED when the interrupt check says so. */
 static int boot_poll(int fd, short events, const boot_t *b) {
   for (;;) {
-    int ms = (int)((b->deadline - boot_now()) * 1000);
-    if (ms <= 0) return -ETIMEDOUT;
+    double left_ms = (b->deadline - boot_now()) * 1000;
+    if (left_ms <= 0) return -ETIMEDOUT;
     struct pollfd pfd = {fd, events, 0};
-    int rc = poll(&pfd, 1, ms < BOOT_SLICE_MS ? ms : BOOT_SLICE_MS);
+    int rc = poll(&pfd, 1, left_ms < BOOT_SLICE_MS ? (int)left_ms : BOOT_SLICE_MS);
     if (rc > 0) return rc;
     if (rc < 0 && errno != EINTR) return -errno;
-    if (b->interrupt && b->interrupt(b->arg)) return COLL_EINTERRUPTED;
+    if (boot_interrupted(b)) return COLL_EINTERRUPTED;
+    if (rc == 0) return 0; /* a slice passed: the caller may warn, then poll again */
   }
 }
 
@@ -114,6 +135,7 @@ static int boot_io(int fd, void *buf, size_t n, int writing, const boot_t *b) {
   while (done < n) {
     int rc = boot_poll(fd, writing ? POLLOUT : POLLIN, b);
     if (rc < 0) return rc;
+    if (rc == 0) continue;
     ssize_t k = writing ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL)
                         : recv(fd, (char *)buf + done, n - done, 0);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -152,7 +174,8 @@ static int boot_sendmsg(int sock, const void *buf, size_t len, const int *fds, i
  * (*nfds_p of them; extra ones are closed). */
 static int boot_recvmsg(int sock, void *buf, size_t len, int *fds, int maxfds, int *nfds_p,
                         const boot_t *b) {
-  int rc = boot_poll(sock, POLLIN, b);
+  int rc;
+  while ((rc = boot_poll(sock, POLLIN, b)) == 0) {}
   if (rc < 0) return rc;
   boot_cbuf_t cbuf;
   struct iovec iov = {buf, len};
@@ -244,7 +267,16 @@ static int boot_listen(int lsock, const struct sockaddr_un *addr, socklen_t alen
   return 0;
 }
 
-static int boot_leader(const char *key, int size, const boot_t *b, int fd, int *pids_out,
+/* " 1, 3" style list of the ranks that have not connected yet. */
+static void boot_missing(const int *conns, int size, char *out, size_t len) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (int r = 1; r < size && used + 12 < len; r++)
+    if (conns[r] < 0)
+      used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "rank(s) ", r);
+}
+
+static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_out,
                        char *err, size_t errlen) {
   struct sockaddr_un addr;
   socklen_t alen = boot_address(key, b, &addr);
@@ -268,23 +300,36 @@ static int boot_leader(const char *key, int size, const boot_t *b, int fd, int *
   pids[0] = (int)syscall(SYS_pidfd_open, getpid(), 0);
   while (nconn < size - 1) {
     int prc = boot_poll(lsock, POLLIN, b);
+    if (prc == 0) {
+      char missing[96] = "";
+      boot_missing(conns, size, missing, sizeof missing);
+      boot_maybe_warn(b, missing);
+      continue;
+    }
     if (prc == COLL_EINTERRUPTED) {
       snprintf(err, errlen, "rank 0 was interrupted while waiting for the other ranks");
       rc = prc;
       goto out_close_conns;
     }
-    if (prc <= 0) {
+    if (prc < 0) {
       char missing[96] = "";
-      size_t used = 0;
-      for (int r = 1; r < size && used + 12 < sizeof missing; r++)
-        if (conns[r] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, " %d", r);
-      snprintf(err, errlen, "rank 0 waited for the other ranks; %d of %d came (missing:%s)",
-               nconn + 1, size, missing);
-      rc = -ETIMEDOUT;
+      boot_missing(conns, size, missing, sizeof missing);
+      snprintf(err, errlen, "rank 0 waited for the other ranks; %d of %d came (missing: %s)%s%s",
+               nconn + 1, size, missing, prc == -ETIMEDOUT ? "" : ": ",
+               prc == -ETIMEDOUT ? "" : strerror(-prc));
+      rc = prc == -ETIMEDOUT ? -ETIMEDOUT : COLL_EBOOTSTRAP;
       goto out_close_conns;
     }
     int s = accept4(lsock, NULL, NULL, SOCK_CLOEXEC);
-    if (s < 0) continue;
+    if (s < 0) {
+      int e = errno;
+      if (e == EINTR || e == EAGAIN || e == ECONNABORTED || e == EPROTO) continue;
+      /* out of fds or memory: waiting on would spin on the same error */
+      snprintf(err, errlen, "rank 0 could not accept the other ranks' connections: accept: %s%s",
+               strerror(e), (e == EMFILE || e == ENFILE) ? " (raise `ulimit -n`)" : "");
+      rc = COLL_EBOOTSTRAP;
+      goto out_close_conns;
+    }
     boot_hello_t hello;
     int pidfd = -1, npid = 0;
     if (boot_same_user(s) != 0 || boot_recvmsg(s, &hello, sizeof hello, &pidfd, 1, &npid, b) != 0 ||
@@ -341,7 +386,7 @@ out_close_listener:
   return rc;
 }
 
-static int boot_member(const char *key, int rank, int size, const boot_t *b, int *fd_p,
+static int boot_member(const char *key, int rank, int size, boot_t *b, int *fd_p,
                        int *pids_out, char *err, size_t errlen) {
   struct sockaddr_un addr;
   socklen_t alen = boot_address(key, b, &addr);
@@ -349,7 +394,12 @@ static int boot_member(const char *key, int rank, int size, const boot_t *b, int
   useconds_t nap = 1000;
   for (;;) { /* rank 0 may not be listening yet */
     s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return -errno;
+    if (s < 0) {
+      rc = -errno;
+      snprintf(err, errlen, "rank %d could not open a socket to reach rank 0: %s", rank,
+               strerror(-rc));
+      return COLL_EBOOTSTRAP;
+    }
     if (connect(s, (struct sockaddr *)&addr, alen) == 0) break;
     rc = -errno;
     close(s);
@@ -362,10 +412,11 @@ static int boot_member(const char *key, int rank, int size, const boot_t *b, int
                key, b->dir ? " in " : "", b->dir ? b->dir : "");
       return -ETIMEDOUT;
     }
-    if (b->interrupt && b->interrupt(b->arg)) {
+    if (boot_interrupted(b)) {
       snprintf(err, errlen, "rank %d was interrupted while looking for rank 0", rank);
       return COLL_EINTERRUPTED;
     }
+    boot_maybe_warn(b, "rank 0");
     usleep(nap);
     if (nap < 50000) nap *= 2;
   }
@@ -381,7 +432,7 @@ static int boot_member(const char *key, int rank, int size, const boot_t *b, int
   hello.rank = rank;
   snprintf(hello.key, sizeof hello.key, "%s", key);
   int me = (int)syscall(SYS_pidfd_open, getpid(), 0); /* -1: the kernel has none */
-  rc = boot_poll(s, POLLOUT, b);
+  while ((rc = boot_poll(s, POLLOUT, b)) == 0) {}
   if (rc > 0) rc = boot_sendmsg(s, &hello, sizeof hello, &me, me >= 0);
   if (me >= 0) close(me);
   boot_reply_t reply;
@@ -412,23 +463,25 @@ out:
   return rc;
 }
 
-int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    int *pidfds, coll_interrupt_fn interrupt, void *arg, char *err,
-                    size_t errlen) {
+int coll__bootstrap(coll_comm_t *c, int *fd_inout, char *err, size_t errlen) {
+  const char *key = c->key;
   if (strlen(key) >= BOOT_KEY_MAX) return COLL_EBADARG;
   const char *dir = getenv("HBMCOLL_RENDEZVOUS_DIR");
-  boot_t b = {boot_now() + timeout_s, interrupt, arg, dir && *dir ? dir : NULL};
-  if (size == 1) return 0;
+  double now = boot_now(), stall = c->params.stall_warn_s;
+  boot_t b = {c->params.timeout_s > 0 ? now + c->params.timeout_s : INFINITY, now,
+              stall > 0 ? now + stall : INFINITY, c, dir && *dir ? dir : NULL};
+  if (c->size == 1) return 0;
   struct sockaddr_un addr;
   struct stat st;
   if (b.dir) {
     int e = stat(b.dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
     if (e == 0 && boot_address(key, &b, &addr) == 0) e = ENAMETOOLONG; /* sun_path: 108 bytes */
     if (e != 0) {
-      snprintf(err, errlen, "rank %d: HBMCOLL_RENDEZVOUS_DIR '%s': %s", rank, b.dir, strerror(e));
+      snprintf(err, errlen, "rank %d: HBMCOLL_RENDEZVOUS_DIR '%s': %s", c->rank, b.dir,
+               strerror(e));
       return COLL_EBOOTSTRAP;
     }
   }
-  if (rank == 0) return boot_leader(key, size, &b, *fd_inout, pidfds, err, errlen);
-  return boot_member(key, rank, size, &b, fd_inout, pidfds, err, errlen);
+  if (c->rank == 0) return boot_leader(key, c->size, &b, *fd_inout, c->pidfd, err, errlen);
+  return boot_member(key, c->rank, c->size, &b, fd_inout, c->pidfd, err, errlen);
 }

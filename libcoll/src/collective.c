@@ -133,6 +133,7 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a) {
 
 int coll_run(coll_comm_t *c, const coll_args_t *a) {
   if (c == NULL || a == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;

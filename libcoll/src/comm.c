@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,13 +97,25 @@ static void comm_place(coll_comm_t *c, const coll__header_t *h) {
              &c->local_of[r], 1);
 }
 
+_Atomic unsigned coll__fork_epoch;
+static pthread_once_t comm_atfork_once = PTHREAD_ONCE_INIT;
+static void comm_in_child(void) { atomic_fetch_add(&coll__fork_epoch, 1); }
+static void comm_atfork(void) { pthread_atfork(NULL, NULL, comm_in_child); }
+
 /* Creation may fail half way; *comm_p gets a communicator either way so the
  * caller can read the error text, and must free it. */
 static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   int rc;
-  coll__params_load(&c->params);
-  if (cfg->timeout_s > 0) c->params.timeout_s = cfg->timeout_s;
   c->fd = -1;
+  pthread_once(&comm_atfork_once, comm_atfork);
+  c->owner_pid = getpid();
+  c->owner_epoch = atomic_load(&coll__fork_epoch);
+  c->creating = 1;
+  c->warn_fn = cfg->warn;
+  c->warn_arg = cfg->warn_arg;
+  if ((rc = coll__params_load(&c->params, c->error_text, sizeof c->error_text)) != 0)
+    return c->error = rc;
+  if (cfg->timeout_s > 0) c->params.timeout_s = cfg->timeout_s;
   c->rank = cfg->rank;
   c->size = cfg->size;
   c->slot_reader[0] = c->slot_reader[1] = -1;
@@ -133,13 +146,14 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     c->hdr = (coll__header_t *)c->base;
     comm_advise_huge(c, &h);
     comm_place(c, &h); /* before the first touch, the header page included */
+    if (getrandom(h.secret, sizeof h.secret, 0) != (ssize_t)sizeof h.secret)
+      return comm_fail_local(c, -errno, "could not draw the communicator's secret (getrandom)");
     memcpy(c->hdr, &h, sizeof h);
     c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);
     coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
   }
   char err[COLL_TEXT_MAX] = "";
-  rc = coll__bootstrap(c->key, c->rank, c->size, c->params.timeout_s, &c->fd, c->pidfd,
-                       cfg->interrupt, cfg->interrupt_arg, err, sizeof err);
+  rc = coll__bootstrap(c, &c->fd, err, sizeof err);
   if (rc) {
     c->error = rc == -ETIMEDOUT || rc == COLL_EBOOTSTRAP ? COLL_EBOOTSTRAP : rc;
     snprintf(c->error_text, sizeof c->error_text, "%s", err[0] ? err : coll_strerror(rc));
@@ -162,6 +176,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     coll__cma_agree(c);
   }
   c->allow_interrupt = 0;
+  c->creating = 0;
   if (rc) return rc;
   c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
@@ -196,6 +211,7 @@ static int comm_member_cmp(const void *x, const void *y) {
 
 int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   if (c == NULL || comm_p == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
   comm_member_t mine = {color < 0 ? -1 : color, key, c->rank};
   comm_member_t *all = calloc((size_t)c->size, sizeof *all);
   if (all == NULL) return -ENOMEM;
@@ -214,12 +230,14 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   int newrank = 0;
   for (int i = 0; i < n; i++)
     if (all[i].rank == c->rank) newrank = i;
-  /* a hash of the whole parent key: nested splits never grow the key nor cut
-   * off what tells sibling groups apart */
-  uint64_t h = 1469598103934665603ull;
-  for (const char *k = c->key; *k; k++) h = (h ^ (uint8_t)*k) * 1099511628211ull;
-  char subkey[80];
-  snprintf(subkey, sizeof subkey, "split.%016llx/s%llu.%d", (unsigned long long)h,
+  /* the parent's secret (only its members can read the segment): the new
+   * rendezvous cannot be guessed from outside, and nested splits never grow
+   * the key nor cut off what tells sibling groups apart */
+  char subkey[96];
+  int used = snprintf(subkey, sizeof subkey, "split.");
+  for (size_t i = 0; i < sizeof c->hdr->secret; i++)
+    used += snprintf(subkey + used, sizeof subkey - (size_t)used, "%02x", c->hdr->secret[i]);
+  snprintf(subkey + used, sizeof subkey - (size_t)used, "/s%llu.%d",
            (unsigned long long)split_no, color);
   int *local = malloc((size_t)n * sizeof *local);
   if (local == NULL) {
@@ -229,7 +247,8 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   for (int i = 0; i < n; i++) local[i] = c->local_of[all[i].rank];
   free(all);
   coll_comm_config_t cfg = {.rank = newrank, .size = n, .job_key = subkey,
-                            .timeout_s = c->params.timeout_s, .place = c->place,
+                            .timeout_s = c->params.timeout_s, .warn = c->warn_fn,
+                            .warn_arg = c->warn_arg, .place = c->place,
                             .place_arg = c->place_arg, .local_ranks = local,
                             .interrupt = c->interrupt_fn, .interrupt_arg = c->interrupt_arg};
   rc = coll_comm_create(&cfg, comm_p);
@@ -238,7 +257,8 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
 }
 
 void coll_comm_leave(coll_comm_t *c) {
-  if (c == NULL || c->ctl == NULL || atomic_load(&c->ctl[c->rank].left)) return;
+  if (c == NULL || c->ctl == NULL || coll__forked(c) || atomic_load(&c->ctl[c->rank].left))
+    return;
   atomic_store(&c->ctl[c->rank].left, 1);
   coll__wake_all(c); /* sleepers re-check and find out */
   if (c->error == 0) {
@@ -249,7 +269,10 @@ void coll_comm_leave(coll_comm_t *c) {
 
 void coll_comm_free(coll_comm_t *c) {
   if (c == NULL) return;
-  coll__worker_stop(c);
+  if (coll__forked(c)) /* the parent's thread is not in this process: nothing to join */
+    coll__worker_forget(c);
+  else
+    coll__worker_stop(c);
   coll_comm_leave(c);
   coll__arena_destroy(c);
   if (c->base) munmap(c->base, c->map_bytes);
@@ -267,12 +290,16 @@ void coll_comm_free(coll_comm_t *c) {
 void coll_comm_abort(coll_comm_t *c, int reason) {
   if (c == NULL) return;
   if (reason >= 0 || reason <= COLL_ERR_LAST_) reason = COLL_EABORTED;
+  if (coll__forked(c)) return; /* the parent's communicator: not ours to fail */
   if (c->hdr == NULL) {
     c->error = reason;
     return;
   }
   coll__fail(c, reason, "rank %d aborted the communicator", c->rank);
 }
+
+int coll_comm_forked(const coll_comm_t *c) { return c != NULL && coll__forked(c); }
+int coll_comm_owner_pid(const coll_comm_t *c) { return c ? (int)c->owner_pid : -1; }
 
 int coll_comm_rank(const coll_comm_t *c) { return c ? c->rank : -1; }
 int coll_comm_size(const coll_comm_t *c) { return c ? c->size : -1; }

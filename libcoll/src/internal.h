@@ -19,11 +19,13 @@
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "coll.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3032ull /* "hbcoll02": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3033ull /* "hbcoll03": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data. */
@@ -68,12 +70,14 @@ typedef struct {
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;
   _Atomic int32_t abort_ready; /* text below is complete */
+  uint8_t secret[16]; /* random, from rank 0: names split rendezvous (never seen outside) */
   char abort_text[COLL_TEXT_MAX];
 } coll__header_t;
 
 /* tunables, parsed once from HBMCOLL_* (param.c) */
 typedef struct {
-  double timeout_s;
+  double timeout_s;         /* 0: no limit */
+  double stall_warn_s;      /* first stall warning after this long (0: none) */
   size_t slot_bytes;        /* per rank per parity */
   size_t arena_bytes;       /* per rank */
   size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
@@ -115,6 +119,11 @@ struct coll_comm {
   coll_interrupt_fn interrupt_fn;
   void *interrupt_arg;
   int allow_interrupt;
+  coll_warn_fn warn_fn; /* stall warnings (NULL: stderr) */
+  void *warn_arg;
+  pid_t owner_pid;       /* the process that created it: a fork()ed child may not use it */
+  unsigned owner_epoch;  /* coll__fork_epoch at creation */
+  int creating;    /* inside coll_comm_create (warnings say so) */
   /* local failure record (also for errors found before the header exists) */
   int error;
   char error_text[COLL_TEXT_MAX];
@@ -128,7 +137,8 @@ struct coll_comm {
 };
 
 /* ---- param.c ---- */
-void coll__params_load(coll__params_t *params);
+/* 0, or COLL_EBADARG with a sentence in err naming the malformed variable */
+int coll__params_load(coll__params_t *params, char *err, size_t errlen);
 int coll__algo_id(coll_kind_t kind, const char *name); /* >0, or COLL_EBADARG */
 
 /* ---- shm.c ---- */
@@ -140,9 +150,7 @@ void coll__segment_prefault(void *addr, size_t bytes);
 /* Rank 0 listens and sends `fd` to every other rank; others receive it.
  * pidfds[size] (all -1 on entry) gets a pidfd of each other rank, valid in
  * this PID namespace, or -1 where the peer's kernel gave none. */
-int coll__bootstrap(const char *key, int rank, int size, double timeout_s, int *fd_inout,
-                    int *pidfds, coll_interrupt_fn interrupt, void *arg, char *err,
-                    size_t errlen);
+int coll__bootstrap(coll_comm_t *c, int *fd_inout, char *err, size_t errlen);
 
 /* ---- cma.c: single copy between private buffers (process_vm_readv/writev) ---- */
 #define COLL_CMA_MAX_RANKS 8
@@ -172,6 +180,11 @@ static inline void coll__slot_release(coll_comm_t *c, int parity, uint64_t round
 /* Record a failure for every rank; returns the code to hand back. */
 int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int coll__check_abort(coll_comm_t *c);
+/* A line for a person (stall): the communicator's warn callback, or stderr. */
+void coll__warn(coll_comm_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void coll__say(coll_warn_fn fn, void *arg, const char *text);
+/* The caller's collectives numbered from 1 (creation's barriers not counted). */
+static inline uint64_t coll__call_number(const coll_comm_t *c) { return c->seq - c->extra_seq; }
 /* 0 while healthy, else the failure code (the same on every rank). */
 static inline int coll__aborted(coll_comm_t *c) {
   return atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) ? coll__check_abort(c) : 0;
@@ -234,5 +247,16 @@ long coll__job_cpus(coll_comm_t *c); /* CPUs usable by the job (masks, quota) */
 
 /* ---- request.c ---- */
 void coll__worker_stop(coll_comm_t *c);
+/* In a fork()ed child: drop the parent's worker without joining it. */
+void coll__worker_forget(coll_comm_t *c);
+
+/* ---- comm.c ---- */
+/* Bumped in every fork()ed child (pthread_atfork): a communicator made in an
+ * earlier epoch belongs to an ancestor. No system call on the hot path. */
+extern _Atomic unsigned coll__fork_epoch;
+/* 1 in a fork()ed child of the process that created the communicator. */
+static inline int coll__forked(const coll_comm_t *c) {
+  return c->owner_epoch != atomic_load_explicit(&coll__fork_epoch, memory_order_relaxed);
+}
 
 #endif /* COLL_INTERNAL_H */

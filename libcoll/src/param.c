@@ -1,7 +1,10 @@
 /*
  * param.c - every HBMCOLL_* variable libcoll reads, parsed in one place.
  *
- *   HBMCOLL_TIMEOUT      seconds any wait may last (default 60)
+ *   HBMCOLL_TIMEOUT      seconds any wait may last before -ETIMEDOUT (default: no limit;
+ *                        dead peers are caught by watching their processes, not by this)
+ *   HBMCOLL_STALL_WARN   seconds of waiting before the first stall warning, which repeats
+ *                        with doubling gaps; "off" for none (default 60)
  *   HBMCOLL_SLOT_BYTES   staging bytes per rank and parity (default 256 KiB)
  *   HBMCOLL_ARENA_BYTES  zero-copy arena per rank, virtual (default 1 GiB)
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB;
@@ -18,9 +21,10 @@
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
- * Malformed values are ignored in favour of the default; the Python layer
- * validates and reports them (hbmcoll.topology()).
+ * A malformed value fails communicator creation with COLL_EBADARG and a
+ * sentence naming the variable and the values it takes.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,23 +60,56 @@ int coll__algo_id(coll_kind_t kind, const char *name) {
   return COLL_EBADARG;
 }
 
-static double param_double(const char *name, double dflt) {
-  const char *s = getenv(name);
-  if (s == NULL || *s == '\0') return dflt;
-  char *end;
-  double v = strtod(s, &end);
-  return (*end == '\0' && v > 0) ? v : dflt;
+/* Each parser returns 0 (unset or empty: the default), or COLL_EBADARG with
+ * a sentence naming the variable, its value and what it takes. */
+static int param_bad(char *err, size_t errlen, const char *name, const char *value,
+                     const char *takes) {
+  snprintf(err, errlen, "%s='%s' is not valid: %s", name, value, takes);
+  return COLL_EBADARG;
 }
 
-static size_t param_size(const char *name, size_t dflt, size_t min) {
+/* Seconds > 0 and finite; `off_word` (or NULL) means 0: none. */
+static int param_seconds(const char *name, double dflt, const char *off_word, double *v_p,
+                         char *err, size_t errlen) {
   const char *s = getenv(name);
-  if (s == NULL || *s == '\0') return dflt;
+  *v_p = dflt;
+  if (s == NULL || *s == '\0') return 0;
+  if (off_word && strcasecmp(s, off_word) == 0) {
+    *v_p = 0;
+    return 0;
+  }
   char *end;
+  double v = strtod(s, &end);
+  if (*end != '\0' || !(v > 0) || v > 1e9) /* !(v > 0): NaN too */
+    return param_bad(err, errlen, name, s,
+                     off_word ? "give a number of seconds > 0, or 'off'"
+                              : "give a number of seconds > 0 (unset: no limit)");
+  *v_p = v;
+  return 0;
+}
+
+/* A byte count with an optional K/M/G suffix, at least min. */
+static int param_size(const char *name, size_t dflt, size_t min, size_t *v_p, char *err,
+                      size_t errlen) {
+  const char *s = getenv(name);
+  *v_p = dflt;
+  if (s == NULL || *s == '\0') return 0;
+  char *end;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (*end == 'k' || *end == 'K') v <<= 10, end++;
-  else if (*end == 'm' || *end == 'M') v <<= 20, end++;
-  else if (*end == 'g' || *end == 'G') v <<= 30, end++;
-  return (*end == '\0' && v >= min) ? (size_t)v : dflt;
+  int shift = 0;
+  if (*end == 'k' || *end == 'K') shift = 10, end++;
+  else if (*end == 'm' || *end == 'M') shift = 20, end++;
+  else if (*end == 'g' || *end == 'G') shift = 30, end++;
+  if (end == s || *end != '\0' || s[0] == '-' || errno == ERANGE || v > (SIZE_MAX >> shift) ||
+      (v << shift) < min) {
+    char takes[96];
+    snprintf(takes, sizeof takes, "give a byte count such as 65536, 256K or 1M, at least %zu",
+             min);
+    return param_bad(err, errlen, name, s, takes);
+  }
+  *v_p = (size_t)(v << shift);
+  return 0;
 }
 
 /* The largest cache of CPU 0 (sysfs), or 32 MiB if it cannot be read. */
@@ -94,44 +131,86 @@ static size_t param_llc_bytes(void) {
   return best ? best : (size_t)32 << 20;
 }
 
-static void param_algo_list(coll__params_t *p, const char *s) {
-  /* "kind=name,kind=name" */
+/* "kind=name,kind=name" */
+static int param_algo_list(coll__params_t *p, char *err, size_t errlen) {
+  const char *s = getenv("HBMCOLL_ALGO");
+  if (s == NULL || *s == '\0') return 0;
   char buf[256];
-  if (s == NULL || strlen(s) >= sizeof buf) return;
+  if (strlen(s) >= sizeof buf)
+    return param_bad(err, errlen, "HBMCOLL_ALGO", "...", "at most 255 characters");
   strcpy(buf, s);
   char *save = NULL;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(tok, '=');
-    if (eq == NULL) continue;
-    *eq = '\0';
-    for (int k = 0; k < COLL_KIND_COUNT; k++) {
-      if (strcmp(tok, param_kinds[k]) != 0) continue;
-      int id = coll__algo_id((coll_kind_t)k, eq + 1);
-      if (id > 0) p->algo[k] = id;
+    int k = COLL_KIND_COUNT, id = COLL_EBADARG;
+    if (eq != NULL) {
+      *eq = '\0';
+      for (k = 0; k < COLL_KIND_COUNT && strcmp(tok, param_kinds[k]) != 0; k++) {}
+      if (k < COLL_KIND_COUNT) id = coll__algo_id((coll_kind_t)k, eq + 1);
     }
+    if (id < 0)
+      return param_bad(err, errlen, "HBMCOLL_ALGO", s,
+                       "give collective=algorithm pairs such as allreduce=rsag,bcast=flat "
+                       "(algorithms: flat; allreduce and reduce also rsag; bcast also arena)");
+    p->algo[k] = id;
   }
+  return 0;
 }
 
-void coll__params_load(coll__params_t *p) {
+/* A word among `words` (NULL-terminated); *index_p gets its position. */
+static int param_word(const char *name, const char *const *words, int dflt, int *index_p,
+                      char *err, size_t errlen) {
+  const char *s = getenv(name);
+  *index_p = dflt;
+  if (s == NULL || *s == '\0') return 0;
+  for (int i = 0; words[i]; i++)
+    if (strcasecmp(s, words[i]) == 0) {
+      *index_p = i;
+      return 0;
+    }
+  char takes[128] = "one of";
+  for (int i = 0; words[i]; i++)
+    snprintf(takes + strlen(takes), sizeof takes - strlen(takes), "%s %s", i ? "," : "", words[i]);
+  return param_bad(err, errlen, name, s, takes);
+}
+
+int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
+  static const char *const cma_words[] = {"0", "1", NULL};
   memset(p, 0, sizeof *p);
-  p->timeout_s = param_double("HBMCOLL_TIMEOUT", 60.0);
-  p->slot_bytes = param_size("HBMCOLL_SLOT_BYTES", 256 << 10, 4096) & ~(size_t)4095;
-  p->arena_bytes = param_size("HBMCOLL_ARENA_BYTES", (size_t)1 << 30, 0) & ~(size_t)4095;
-  p->small_max = param_size("HBMCOLL_SMALL_MAX", 16 << 10, 0);
+  int rc = param_seconds("HBMCOLL_TIMEOUT", 0, NULL, &p->timeout_s, err, errlen);
+  if (rc == 0) rc = param_seconds("HBMCOLL_STALL_WARN", 60, "off", &p->stall_warn_s, err, errlen);
+  if (rc == 0) rc = param_size("HBMCOLL_SLOT_BYTES", 256 << 10, 4096, &p->slot_bytes, err, errlen);
+  p->slot_bytes &= ~(size_t)4095;
+  if (rc == 0)
+    rc = param_size("HBMCOLL_ARENA_BYTES", (size_t)1 << 30, 0, &p->arena_bytes, err, errlen);
+  p->arena_bytes &= ~(size_t)4095;
+  if (rc == 0) rc = param_size("HBMCOLL_SMALL_MAX", 16 << 10, 0, &p->small_max, err, errlen);
   /* half the last-level cache: from there a message and its result cannot
    * both stay cached, so streaming stores cost nothing even when the caller's
-   * data was warm (2 ranks, 8 MiB warm: 348 -> 465 us; 16 MiB: even) */
-  p->stream_min = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0);
+   * data was warm (bench/README.md has the measurements) */
+  if (rc == 0)
+    rc = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0, &p->stream_min, err, errlen);
+  p->spin_iters = -1;
   const char *spin = getenv("HBMCOLL_SPIN");
-  p->spin_iters = (spin && *spin) ? strtol(spin, NULL, 10) : -1;
-  param_algo_list(p, getenv("HBMCOLL_ALGO"));
-  const char *cma = getenv("HBMCOLL_CMA");
-  p->cma = cma && strcmp(cma, "1") == 0;
-  p->cma_min = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0);
+  if (rc == 0 && spin && *spin && strcasecmp(spin, "auto") != 0) {
+    char *end;
+    long v = strtol(spin, &end, 10);
+    if (*end != '\0' || end == spin || v < 0)
+      rc = param_bad(err, errlen, "HBMCOLL_SPIN", spin,
+                     "give a number of spin iterations >= 0, or 'auto'");
+    p->spin_iters = v;
+  }
+  if (rc == 0) rc = param_algo_list(p, err, errlen);
+  if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
+  if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);
   const char *rep = getenv("HBMCOLL_REP_MOVSB_MIN");
-  p->rep_movsb_min = rep && strcasecmp(rep, "off") == 0 ? SIZE_MAX
-                     : param_size("HBMCOLL_REP_MOVSB_MIN",
-                                  coll__cpu_rep_movsb_fast() ? (size_t)1 << 20 : SIZE_MAX, 0);
+  if (rc == 0 && rep && strcasecmp(rep, "off") == 0)
+    p->rep_movsb_min = SIZE_MAX;
+  else if (rc == 0)
+    rc = param_size("HBMCOLL_REP_MOVSB_MIN",
+                    coll__cpu_rep_movsb_fast() ? (size_t)1 << 20 : SIZE_MAX, 0,
+                    &p->rep_movsb_min, err, errlen);
+  return rc;
 }
 
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name) {

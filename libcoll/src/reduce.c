@@ -240,13 +240,14 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
  * first input or acc itself. The op switch sits outside the element loops,
  * so each loop is a plain vectorisable stream.
  *
- * MIN/MAX use `v < a ? v : a` (a: the left, earlier value; v: the next
- * input). That maps to one minps/maxps-style instruction without
- * -ffast-math, and it defines NaN behaviour, identical on every rank: a
- * comparison with NaN is false, so the earlier value is kept. Hence a NaN in
- * inputs[0] propagates to the result, and a NaN in any later input is
- * ignored. Signed zeros: the earlier input wins a tie (min(-0, +0) is -0
- * when -0 comes first, +0 when +0 does).
+ * MIN/MAX use `(v < a || v != v) ? v : a` (a: the left, earlier value; v:
+ * the next input): a NaN from any input propagates, as NumPy's minimum and
+ * MPI do. A NaN already in `a` stays (every comparison with it is false); a
+ * NaN in `v` replaces `a`. Operands are folded in rank order, so every rank
+ * keeps the same NaN, bit for bit. For integers `v != v` is false and
+ * compiles away; for floats it is one unordered compare and a blend per
+ * vector. Signed zeros: the earlier input wins a tie (min(-0, +0) is -0 when
+ * -0 comes first, +0 when +0 does).
  */
 #define REDUCE_COMBINE(op, A, acc, xl, LOADL, xr, LOADR, n, ADD, MUL)                     \
   switch (op) {                                                                          \
@@ -257,13 +258,13 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
   case COLL_MIN:                                                                         \
     _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                              \
       A a = LOADL((xl)[i]), v = LOADR((xr)[i]);                                          \
-      (acc)[i] = v < a ? v : a;                                                          \
+      (acc)[i] = (v < a || v != v) ? v : a;                                                          \
     }                                                                                    \
     break;                                                                               \
   case COLL_MAX:                                                                         \
     _Pragma("GCC ivdep") for (size_t i = 0; i < (n); i++) {                              \
       A a = LOADL((xl)[i]), v = LOADR((xr)[i]);                                          \
-      (acc)[i] = v > a ? v : a;                                                          \
+      (acc)[i] = (v > a || v != v) ? v : a;                                                          \
     }                                                                                    \
     break;                                                                               \
   default: /* COLL_SUM, COLL_AVG */                                                      \

@@ -102,8 +102,13 @@ void coll__worker_stop(coll_comm_t *c) {
   if (!keep) worker_destroy(w);
 }
 
+void coll__worker_forget(coll_comm_t *c) {
+  c->worker = NULL; /* its memory is the parent's copy; a leak of one struct in the child */
+}
+
 int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   if (c == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;

@@ -4,8 +4,11 @@
  * A wait spins with `pause` for a budget set from how many ranks share the
  * cores (spinning while a peer needs our core only delays it), then yields,
  * then sleeps on the peer's futex word in short slices. Every slice of the
- * slow path checks the abort flag, whether any peer died (pidfd), the
- * deadline, and (for calls from Python's thread) Ctrl-C.
+ * slow path checks the abort flag, whether any peer died (pidfd) or left,
+ * the deadline (HBMCOLL_TIMEOUT; none by default), and (for calls from
+ * Python's thread) Ctrl-C. A live peer that keeps us waiting gets a stall
+ * warning (HBMCOLL_STALL_WARN, then at doubling intervals) naming the ranks
+ * that have not arrived.
  *
  * Wake-ups use the classic Dekker pairing: the publisher stores its flag, then
  * bumps `wake` and reads `sleepers`; a sleeper bumps `sleepers`, then re-reads
@@ -14,6 +17,7 @@
  */
 #include <errno.h>
 #include <linux/futex.h>
+#include <math.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -95,6 +99,28 @@ int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) {
   return coll__check_abort(c);
 }
 
+void coll__warn(coll_comm_t *c, const char *fmt, ...) {
+  char text[COLL_TEXT_MAX + 64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  coll__say(c->warn_fn, c->warn_arg, text);
+}
+
+void coll__say(coll_warn_fn fn, void *arg, const char *text) {
+  if (fn) {
+    fn(arg, text);
+    return;
+  }
+  char line[COLL_TEXT_MAX + 80];
+  int n = snprintf(line, sizeof line, "hbmcoll: %s\n", text);
+  if (n > 0) {
+    ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    (void)w; /* nowhere to report a failed warning */
+  }
+}
+
 /* 0 while healthy; else the communicator's failure code (same on all ranks). */
 int coll__check_abort(coll_comm_t *c) {
   int code = atomic_load_explicit(&c->hdr->abort_code, memory_order_acquire);
@@ -124,13 +150,48 @@ static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uin
   }
   int left = atomic_load_explicit(&c->ctl[peer].left, memory_order_acquire);
   if ((!dead && !left) || atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
-  if (left && !dead)
-    return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) closed the communicator; it is closed",
-                      peer, (int)c->ctl[peer].pid);
+  if (left) /* it said goodbye: closed the communicator, or its process ended normally */
+    return coll__fail(c, COLL_EPEERLOST,
+                      "rank %d (pid %d) %s before collective #%llu (%s): it closed the "
+                      "communicator or exited; the communicator is closed",
+                      peer, (int)c->ctl[peer].pid, dead ? "exited" : "left",
+                      (unsigned long long)coll__call_number(c),
+                      coll_kind_name((coll_kind_t)coll__my_desc(c)->kind));
   if (c->ctl[peer].pid == 0) /* died before it recorded its pid */
     return coll__fail(c, COLL_EPEERLOST, "rank %d died; the communicator is closed", peer);
   return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed", peer,
                     (int)c->ctl[peer].pid);
+}
+
+/* A live peer is late: say who this rank waits for, in which collective, and
+ * which other ranks have not got there either. Names, never a verdict: the
+ * peers are alive (a dead one ends the wait), so it may be a checkpoint. */
+static void sync_warn_stall(coll_comm_t *c, int peer, int arrival, uint64_t target,
+                            const char *what, double waited) {
+  char late[112] = "";
+  size_t used = 0;
+  int nlate = 0;
+  for (int r = 0; r < c->size; r++) {
+    uint64_t v = atomic_load_explicit(arrival ? &c->ctl[r].arrive : &c->ctl[r].done,
+                                      memory_order_acquire);
+    if (r == c->rank || v >= target) continue;
+    if (used + 16 < sizeof late)
+      used += (size_t)snprintf(late + used, sizeof late - used, "%s%d", nlate ? ", " : "", r);
+    else if (used + 4 < sizeof late)
+      used += (size_t)snprintf(late + used, sizeof late - used, ", ...");
+    nlate++;
+  }
+  char where[64];
+  if (c->creating)
+    snprintf(where, sizeof where, "creating the communicator");
+  else
+    snprintf(where, sizeof where, "%s (collective #%llu)",
+             coll_kind_name((coll_kind_t)coll__my_desc(c)->kind),
+             (unsigned long long)coll__call_number(c));
+  coll__warn(c, "rank %d has waited %.0f s in %s for rank %d (%s); %d rank(s) not there yet: "
+                "%s. They are alive (a slow rank, or one that skipped this collective)%s",
+             c->rank, waited, where, peer, what, nlate, late,
+             c->params.timeout_s > 0 ? "" : "; HBMCOLL_TIMEOUT=S makes such a wait an error");
 }
 
 static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t target,
@@ -144,7 +205,8 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
   }
   coll__ctl_t *pc = &c->ctl[peer];
   double start = sync_now(), next_check = start + SYNC_CHECK_S;
-  double deadline = start + c->params.timeout_s;
+  double deadline = c->params.timeout_s > 0 ? start + c->params.timeout_s : INFINITY;
+  double stall = c->params.stall_warn_s, next_warn = stall > 0 ? start + stall : INFINITY;
   int yields = 0;
   for (;;) {
     if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
@@ -174,6 +236,10 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
       coll__fail(c, COLL_EPEERLOST, "rank %d was interrupted by a signal; the communicator is closed",
                  c->rank);
       return COLL_EINTERRUPTED;
+    }
+    if (now >= next_warn) {
+      sync_warn_stall(c, peer, flag == &c->ctl[peer].arrive, target, what, now - start);
+      next_warn = start + 2 * (now - start); /* 60 s, 120 s, 240 s, ... */
     }
     if (now >= deadline)
       return coll__fail(c, -ETIMEDOUT,

@@ -766,20 +766,19 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 # ---- creating groups -----------------------------------------------------------------------------
 
 def _timeout_s(timeout):
-    env = os.environ.get("HBMCOLL_TIMEOUT")
-    if env:
-        return float(env)
-    if timeout is None:
-        return 0.0
+    """torch's group timeout (default 30 min) is the hard limit, as for gloo; HBMCOLL_TIMEOUT,
+    parsed and checked in C, wins over it (None here hands the choice to C)."""
+    if os.environ.get("HBMCOLL_TIMEOUT") or timeout is None:
+        return None
     s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-    return s if s > 0 else 0.0
+    return s if s > 0 else None
 
 
 def _store_key(store, rank):
     """A job key the group's members agree on: rank 0 draws it, the others read it."""
     name = "hbmcoll/key"
     if rank == 0:
-        store.set(name, f"u{os.getuid()}.torch.{secrets.token_hex(8)}")
+        store.set(name, f"u{os.getuid()}.torch.{secrets.token_hex(16)}")
     return store.get(name).decode()
 
 
@@ -815,8 +814,11 @@ def create(store, rank, size, timeout):
                 _world_placement = placement
         else:
             placement = _world_placement
-        core = _core.Comm(rank, size, key, t, placement)
+        core = _core.Comm(rank, size, key, t or 0.0, placement)
         comm = _comm.Communicator(core, rank, size, "torch.distributed", placement)
+    # torch's contract: every rank issues the group's collectives in the same order, whichever
+    # threads they come from (DDP's reducer, comm hooks on completer threads); as with gloo.
+    comm._c.allow_any_thread()
     return ProcessGroupHbmcoll(comm, rank, size)
 
 

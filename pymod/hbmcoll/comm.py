@@ -12,6 +12,7 @@ import socket
 import threading
 
 from . import _core
+from . import job_secret
 from . import launch_env
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
@@ -293,6 +294,15 @@ class Communicator:
     def empty(self, shape, dtype="float32"):
         return empty(shape, dtype, comm=self)
 
+    def bind_thread(self):
+        """Make the calling thread the one that issues this communicator's collectives.
+
+        Collectives from two threads could pair up differently on each rank, so only one
+        thread may issue them: the one that created the communicator, until another calls
+        bind_thread() (after the first has stopped using it). Others get hbmcoll.Error at
+        once. Request.wait()/test(), close() and hbmcoll.empty() work from any thread."""
+        self._c.bind_thread()
+
     def close(self):
         self._c.close()
 
@@ -337,6 +347,19 @@ def _place(info):
     return placement
 
 
+def _timeout_arg(timeout):
+    """init(timeout=): seconds > 0, or None for HBMCOLL_TIMEOUT (parsed in C), else no limit."""
+    if timeout is None:
+        return 0.0
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout must be a number of seconds or None, not {timeout!r}") from None
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"timeout={timeout!r}: give a number of seconds > 0, or None for no limit")
+    return t
+
+
 def init(comm=None, timeout=None):
     """Join the job's communicator.
 
@@ -348,21 +371,27 @@ def init(comm=None, timeout=None):
     with _init_lock:
         _init_count += 1
         generation = _init_count
-    if timeout is None:
-        t = os.environ.get("HBMCOLL_TIMEOUT")
-        timeout = float(t) if t else 0.0
+    timeout = _timeout_arg(timeout)
     if comm is not None:
         return _init_from_mpi(comm, generation, timeout)
     info = launch_env.detect()
     launch_env.check_single_node(info)
     placement = _place(info)
-    core = _core.Comm(info.rank, info.size, f"{info.job_key}/w{generation}", timeout, placement)
+    key = f"{info.job_key}/w{generation}"
+    exchange = job_secret.Exchange(key, info.rank) if info.needs_secret else None
+    try:
+        if exchange is not None:
+            key += "." + (exchange.publish() if info.rank == 0 else exchange.fetch())
+        core = _core.Comm(info.rank, info.size, key, timeout, placement)
+    finally:
+        if exchange is not None:
+            exchange.done()
     return Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
 
 
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-    key = mpi_comm.bcast(secrets.token_hex(8) if rank == 0 else None, root=0)
+    key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
     hosts = mpi_comm.allgather(socket.gethostname())
     if len(set(hosts)) > 1:
         raise _core.Error(f"the MPI communicator spans {len(set(hosts))} nodes; the inter-node "

@@ -16,6 +16,12 @@ alive for the job's lifetime, so its pid cannot be reused meanwhile. That breaks
 wrapped in a shell (`mpiexec sh -c 'python x.py'`): set HBMCOLL_JOB_KEY then. HBMCOLL_JOB_KEY
 overrides the key under every launcher, so it must differ between jobs running at the same time
 (hbmcoll-run always sets a fresh random one).
+
+Such keys name the job but are no secret: another local user can compute them. So unless
+HBMCOLL_JOB_KEY is set, `needs_secret` tells init() to add a nonce that local rank 0 draws and
+hands over in a private directory (job_secret.py). RANK/WORLD_SIZE without torchrun's ids
+(torch.multiprocessing.spawn) name no job at all: detect() refuses them unless HBMCOLL_JOB_KEY
+is set.
 """
 
 import os
@@ -33,6 +39,8 @@ class LaunchInfo:
     local_size: int
     job_key: str
     launcher: str
+    # the key holds no secret of the job: local rank 0 draws one for the others (job_secret.py)
+    needs_secret: bool = False
 
 
 class MultiNodeError(RuntimeError):
@@ -87,6 +95,15 @@ def _torchrun(env):
     else:
         # RANK/WORLD_SIZE alone: torch.multiprocessing.spawn style, one node by construction.
         local_rank, local_size = rank, size
+    if "TORCHELASTIC_RUN_ID" not in env and not env.get("HBMCOLL_JOB_KEY") and size[1] > 1:
+        # No launcher id: two such jobs started by one process (mp.spawn twice) look the same,
+        # and their ranks could pair up. Refuse rather than guess.
+        raise ValueError(
+            "RANK/WORLD_SIZE are set without a launcher's job id (torch.multiprocessing.spawn "
+            "style), so this job cannot be told apart from another started the same way: set "
+            "HBMCOLL_JOB_KEY to a secret unique to this job and the same on all its ranks (e.g. "
+            "secrets.token_hex(16) drawn by the parent), or use dist.init_process_group(\"hbmcoll\"), "
+            "which agrees on one through torch's store")
     # torchrun's run id defaults to "none" for multi-node static rendezvous, so it is not unique
     # on its own; the agent's pid (our parent) is. The restart count keeps a restarted worker
     # group apart from the one being torn down.
@@ -166,9 +183,11 @@ def detect(environ=os.environ):
         raise ValueError(
             f"{launcher}: {lrank_n}={lrank} is outside 0..{lsize - 1} ({lsize_n}={lsize})")
 
+    needs_secret = launcher != "single"
     if env.get("HBMCOLL_JOB_KEY"):
-        key = "key." + env["HBMCOLL_JOB_KEY"]
-    return LaunchInfo(rank, size, lrank, lsize, f"u{os.getuid()}.{key}", launcher)
+        key, needs_secret = "key." + env["HBMCOLL_JOB_KEY"], False
+    return LaunchInfo(rank, size, lrank, lsize, f"u{os.getuid()}.{key}", launcher,
+                      needs_secret and size > 1)
 
 
 def check_single_node(info):

@@ -280,7 +280,7 @@ def main(argv=None):
 
     n = str(args.n)
     env = dict(os.environ, HBMCOLL_SIZE=n, HBMCOLL_LOCAL_SIZE=n,
-               HBMCOLL_JOB_KEY=secrets.token_hex(8),  # random: unique per launch
+               HBMCOLL_JOB_KEY=secrets.token_hex(16),  # secret, unique per launch
                WORLD_SIZE=n, LOCAL_WORLD_SIZE=n,
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     for var, value in (("HBMCOLL_BIND", args.bind), ("HBMCOLL_MEMORY", args.memory),

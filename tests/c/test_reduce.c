@@ -211,9 +211,9 @@ static void ref_reduce(coll_dtype_t t, coll_op_t op, void *out, const void *cons
         else if (op == COLL_PROD)
           wrap *= (uint64_t)v;
         else if (op == COLL_MIN)
-          acc = v < acc ? v : acc;
+          acc = (v < acc || v != v) ? v : acc;
         else
-          acc = v > acc ? v : acc;
+          acc = (v > acc || v != v) ? v : acc;
       }
       if (op == COLL_MIN || op == COLL_MAX) {
         put_int(t, out, i, (uint64_t)acc);
@@ -232,9 +232,9 @@ static void ref_reduce(coll_dtype_t t, coll_op_t op, void *out, const void *cons
         else if (op == COLL_PROD)
           acc = acc * v;
         else if (op == COLL_MIN)
-          acc = v < acc ? v : acc;
+          acc = (v < acc || v != v) ? v : acc;
         else
-          acc = v > acc ? v : acc;
+          acc = (v > acc || v != v) ? v : acc;
       }
       if (op == COLL_AVG)
         acc = acc / (double)divisor;
@@ -248,9 +248,9 @@ static void ref_reduce(coll_dtype_t t, coll_op_t op, void *out, const void *cons
         else if (op == COLL_PROD)
           acc = acc * v;
         else if (op == COLL_MIN)
-          acc = v < acc ? v : acc;
+          acc = (v < acc || v != v) ? v : acc;
         else
-          acc = v > acc ? v : acc;
+          acc = (v > acc || v != v) ? v : acc;
       }
       if (op == COLL_AVG)
         acc = acc / (float)divisor;
@@ -562,23 +562,26 @@ static void test_half_rounding(void)
   EXPECT16_NAN(COLL_BFLOAT16, bf16_is_nan, COLL_AVG, 0xFFC1);
 }
 
-/* The documented NaN rule of MIN/MAX: inputs[0]'s NaN propagates, later ones are ignored. */
+/* MIN/MAX propagate a NaN from any input, first or later (NumPy, MPI). */
 static void test_minmax_nan(void)
 {
   EXPECT16_NAN(COLL_FLOAT16, f16_is_nan, COLL_MAX, 0x7E00, 0x3C00, 0x4000);
-  EXPECT16(COLL_FLOAT16, COLL_MAX, 1, 0x4000, 0x3C00, 0x7E00, 0x4000);
-  EXPECT16(COLL_FLOAT16, COLL_MIN, 1, 0x3C00, 0x3C00, 0x7E00);
-  EXPECT16(COLL_BFLOAT16, COLL_MIN, 1, 0x3F80, 0x3F80, 0x7FC0);
-  const float fv[] = {NAN, 1.0f}, fw[] = {1.0f, NAN};
+  EXPECT16_NAN(COLL_FLOAT16, f16_is_nan, COLL_MAX, 0x4000, 0x3C00, 0x7E00);
+  EXPECT16_NAN(COLL_FLOAT16, f16_is_nan, COLL_MIN, 0x3C00, 0x7E00);
+  EXPECT16_NAN(COLL_BFLOAT16, bf16_is_nan, COLL_MIN, 0x3F80, 0x7FC0);
+  EXPECT16_NAN(COLL_BFLOAT16, bf16_is_nan, COLL_MAX, 0x3F80, 0x4000, 0x7FC0, 0x3F80);
+  const float fv[] = {NAN, 1.0f}, fw[] = {1.0f, NAN}, f3[] = {1.0f, 2.0f, NAN};
   float fo;
   CHECK(reduce1(COLL_FLOAT32, COLL_MIN, fv, 2, 1, &fo) == 0 && isnan(fo), "f32 min NaN first");
   CHECK(reduce1(COLL_FLOAT32, COLL_MAX, fv, 2, 1, &fo) == 0 && isnan(fo), "f32 max NaN first");
-  CHECK(reduce1(COLL_FLOAT32, COLL_MIN, fw, 2, 1, &fo) == 0 && fo == 1.0f, "f32 min NaN later");
-  CHECK(reduce1(COLL_FLOAT32, COLL_MAX, fw, 2, 1, &fo) == 0 && fo == 1.0f, "f32 max NaN later");
+  CHECK(reduce1(COLL_FLOAT32, COLL_MIN, fw, 2, 1, &fo) == 0 && isnan(fo), "f32 min NaN later");
+  CHECK(reduce1(COLL_FLOAT32, COLL_MAX, fw, 2, 1, &fo) == 0 && isnan(fo), "f32 max NaN later");
+  CHECK(reduce1(COLL_FLOAT32, COLL_MAX, f3, 3, 1, &fo) == 0 && isnan(fo), "f32 max NaN last of 3");
   const double dv[] = {NAN, 1.0}, dw[] = {1.0, NAN};
   double d;
   CHECK(reduce1(COLL_FLOAT64, COLL_MIN, dv, 2, 1, &d) == 0 && isnan(d), "f64 min NaN first");
-  CHECK(reduce1(COLL_FLOAT64, COLL_MAX, dw, 2, 1, &d) == 0 && d == 1.0, "f64 max NaN later");
+  CHECK(reduce1(COLL_FLOAT64, COLL_MAX, dw, 2, 1, &d) == 0 && isnan(d), "f64 max NaN later");
+  CHECK(reduce1(COLL_FLOAT64, COLL_MIN, dw, 2, 1, &d) == 0 && isnan(d), "f64 min NaN later");
   /* signed zeros: the earlier input wins the tie */
   const float z1[] = {-0.0f, 0.0f}, z2[] = {0.0f, -0.0f};
   CHECK(reduce1(COLL_FLOAT32, COLL_MIN, z1, 2, 1, &fo) == 0 && signbit(fo), "min(-0, +0)");

@@ -6,6 +6,7 @@ fixtures. Ranks import hbmcoll from pymod/ of this checkout: build it in place f
 """
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -30,6 +31,10 @@ def _require_core():
 
 
 def pytest_configure(config):
+    # Started as `make test &` from a script, the shell hands us SIGINT ignored, and every
+    # process we start would inherit that: the Ctrl-C tests rely on the default disposition.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "libbug(reason): the test shows a known library bug (fails until it is fixed; "
         "HBMCOLL_KNOWN_BUGS=xfail turns these into strict xfails)")

@@ -119,7 +119,8 @@ SRUN_NO_STEP = {k: v for k, v in SRUN.items() if k != "SLURM_STEP_ID"}
     (dict(HBM, HBMCOLL_JOB_KEY="abc"), (2, 4, 2, 4), "hbmcoll-run", "key.abc"),
     (HBM, (2, 4, 2, 4), "hbmcoll-run", f"hbmcoll-run.{PPID}"),
     (TORCH, (3, 4, 1, 2), "torchrun", f"torchrun.none.{PPID}.r0"),
-    (dict(RANK="1", WORLD_SIZE="3"), (1, 3, 1, 3), "torchrun", f"torchrun.norunid.{PPID}.r0"),
+    (dict(RANK="1", WORLD_SIZE="3", HBMCOLL_JOB_KEY="j"), (1, 3, 1, 3), "torchrun", "key.j"),
+    (dict(RANK="0", WORLD_SIZE="1"), (0, 1, 0, 1), "torchrun", f"torchrun.norunid.{PPID}.r0"),
     (HYDRA, (1, 3, 1, 3), "mpiexec", f"mpiexec.{PPID}"),
     (OMPI, (5, 6, 1, 3), "mpiexec", f"ompi.{PPID}"),
     (SRUN, (5, 8, 1, 4), "srun", "srun.123.0"),
@@ -143,6 +144,16 @@ def test_detect(env, expect, launcher, key):
     assert info.launcher == launcher
     assert info.job_key == f"u{UID}." + (key or f"single.{os.getpid()}")
     assert le.detect(dict(env)) == info  # deterministic: every local rank computes the same key
+    # a key the launcher's variables make is no secret: init() adds one (job_secret.py)
+    assert info.needs_secret == (launcher != "single" and info.size > 1
+                                 and "HBMCOLL_JOB_KEY" not in env)
+
+
+def test_spawn_style_without_job_key_is_refused():
+    # torch.multiprocessing.spawn sets RANK/WORLD_SIZE only: two such jobs of one parent would
+    # share every variable, so detect() refuses and names what to set.
+    with pytest.raises(ValueError, match="HBMCOLL_JOB_KEY"):
+        le.detect(dict(RANK="1", WORLD_SIZE="2"))
 
 
 def test_job_key_differs_between_jobs():
@@ -273,9 +284,33 @@ Path(sys.argv[1], f"{{launch_env.detect().rank}}.pid").write_text(str(os.getpid(
     argv = [sys.executable, str(RUN_PY), "-n", str(n), str(prog), str(tmp_path)]
     launcher = subprocess.Popen(argv, env=clean_env(), stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
+    _started.append((launcher, tmp_path))
     assert wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == n and
                     all(p.read_text() for p in tmp_path.glob("*.pid")))
     return launcher, [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+
+
+_started = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_started_launchers():
+    """Whatever a test's outcome: its launcher and every rank it wrote a pid file for die."""
+    yield
+    while _started:
+        launcher, tmp_path = _started.pop()
+        pids = [launcher.pid]
+        for f in tmp_path.glob("*.pid"):
+            try:
+                pids.append(int(f.read_text()))
+            except ValueError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.wait(timeout=10)
 
 
 def test_sigint_to_launcher_stops_everyone(tmp_path):
