@@ -273,7 +273,7 @@ static void boot_missing(const int *conns, int size, char *out, size_t len) {
   out[0] = '\0';
   for (int r = 1; r < size && used + 12 < len; r++)
     if (conns[r] < 0)
-      used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "rank(s) ", r);
+      used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", r);
 }
 
 static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_out,
@@ -301,8 +301,8 @@ static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_o
   while (nconn < size - 1) {
     int prc = boot_poll(lsock, POLLIN, b);
     if (prc == 0) {
-      char missing[96] = "";
-      boot_missing(conns, size, missing, sizeof missing);
+      char missing[96] = "rank(s) ";
+      boot_missing(conns, size, missing + 8, sizeof missing - 8);
       boot_maybe_warn(b, missing);
       continue;
     }

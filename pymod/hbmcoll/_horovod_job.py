@@ -24,12 +24,15 @@ class Job:
     """The communicator behind a module's hvd.* functions.
 
     `default` makes the communicator when init() is given none; `owned(comm)` says whether
-    shutdown() may close it (hbmcoll.torch does not close torch.distributed's)."""
+    shutdown() may close it (hbmcoll.torch does not close torch.distributed's); `any_thread`
+    lets the framework's own threads issue collectives (Communicator.bind_thread explains why
+    that is refused by default)."""
 
-    def __init__(self, module, default, owned=lambda comm: True):
+    def __init__(self, module, default, owned=lambda comm: True, any_thread=False):
         self._module = module
         self._default = default
         self._owned = owned
+        self._any_thread = any_thread  # the framework's threads issue the collectives
         self.comm = None
 
     def init(self, comm=None):
@@ -39,6 +42,8 @@ class Job:
             self.comm = comm
         elif self.comm is None or self.comm.closed:
             self.comm = self._default()
+        if self._any_thread:
+            self.comm._c.allow_any_thread()
         return self.comm
 
     def get(self):

@@ -211,9 +211,9 @@ static void ref_reduce(coll_dtype_t t, coll_op_t op, void *out, const void *cons
         else if (op == COLL_PROD)
           wrap *= (uint64_t)v;
         else if (op == COLL_MIN)
-          acc = (v < acc || v != v) ? v : acc;
+          acc = v < acc ? v : acc;
         else
-          acc = (v > acc || v != v) ? v : acc;
+          acc = v > acc ? v : acc;
       }
       if (op == COLL_MIN || op == COLL_MAX) {
         put_int(t, out, i, (uint64_t)acc);

@@ -907,9 +907,10 @@ def thread_rank(comm, delay):
     stop.set()
     t.join()
     # a collective run from a thread that is not the main one (the interrupt check takes the GIL
-    # from there)
+    # from there), handed the communicator with bind_thread()
     box = []
-    worker = threading.Thread(target=lambda: box.append(comm.allreduce(np.array([me + 1], np.int64))))
+    worker = threading.Thread(target=lambda: (comm.bind_thread(), box.append(
+        comm.allreduce(np.array([me + 1], np.int64)))))
     worker.start()
     worker.join(60)
     assert box and int(box[0][0]) == comm.size * (comm.size + 1) // 2, box
@@ -926,7 +927,10 @@ def test_thread_runs_during_wait(run_ranks, P):
 
 def contended_rank(comm, rounds):
     """Two threads of one rank share a communicator: the second waits (without the GIL) until
-    the first's collective is over, then runs its own at once; the calls keep their order."""
+    the first's collective is over, then runs its own at once; the calls keep their order.
+    Opted in with allow_any_thread(), as the torch backend does (by default a second thread is
+    refused: test_trust.py)."""
+    comm._c.allow_any_thread()
     me = comm.rank
     handoffs = []
     for _ in range(rounds):
