@@ -11,7 +11,7 @@ round times `--steps` training steps (forward, backward with DDP's gradient allr
 on synthetic 8x8 digit batches after a warm-up. Throughput = steps / wall time of the slowest
 rank. Prints both, the ratio hbmcoll/gloo (median of the per-round ratios, and of the medians),
 and writes bench/results/ddp.json. Fairness: torch.set_num_threads(1) and OMP_NUM_THREADS=1 in
-every rank, pinning (hbmcoll-run's default --bind core) applies to both backends alike, and the
+every rank, pinning (hbmcoll-run's default --bind share) applies to both backends alike, and the
 data, model and step count are identical.
 """
 import argparse

@@ -246,6 +246,12 @@ int coll_numa_rank_pu(const coll_numa_ctx_t *ctx, int rank) {
   return pu < 0 ? -ENOENT : pu;
 }
 
+int coll_numa_rank_threads(const coll_numa_ctx_t *ctx, int rank) {
+  if (!apply_check_rank(ctx, rank))
+    return -EINVAL;
+  return ctx->plan->ranks[rank].threads;
+}
+
 const char *coll_numa_notice(const coll_numa_ctx_t *ctx) {
   return ctx != NULL ? ctx->notice : "";
 }
@@ -266,26 +272,17 @@ static int apply_cpubind(coll_numa_ctx_t *ctx) {
   if (set == NULL)
     return -ENOMEM;
   const coll_numa_cluster_t *k = &ctx->topo->clusters[rk->cluster];
-  /* More ranks than PUs in the cluster: pinning several ranks to one PU keeps
-   * the scheduler from running a woken rank on an idle PU of the cluster, and
-   * every wait then costs a time slice. Bind such ranks to the cluster. */
+  /* The plan's CPU set: the rank's share, core or cluster (the plan widens
+   * share and core to the cluster when it has more ranks than PUs, and notes
+   * why); cluster_bound makes comm.pu None then. */
   int pus = 0, ranks = 0;
   for (int c = 0; c < k->ncores; c++)
     pus += k->cores[c].npus;
   for (int r = 0; r < plan->nranks; r++)
     ranks += plan->ranks[r].cluster == rk->cluster;
-  if (plan->policy.bind == COLL_NUMA_BIND_CORE && ranks > pus) {
-    ctx->cluster_bound = 1;
-    coll__numa_addnote(ctx->notes, sizeof(ctx->notes),
-                       "%d ranks on the %d PUs of cluster %d: bound to the cluster, not one core "
-                       "each, so a woken rank can run on any idle PU", ranks, pus, rk->cluster);
-  }
-  for (int c = 0; c < k->ncores; c++) {
-    if (plan->policy.bind == COLL_NUMA_BIND_CORE && !ctx->cluster_bound && c != rk->core)
-      continue;
-    for (int i = 0; i < k->cores[c].npus; i++)
-      hwloc_bitmap_set(set, k->cores[c].pus[i]);
-  }
+  ctx->cluster_bound = plan->policy.bind != COLL_NUMA_BIND_CLUSTER && ranks > pus;
+  for (int i = 0; i < rk->ncpus; i++)
+    hwloc_bitmap_set(set, rk->cpus[i]);
   if (hwloc_set_cpubind((hwloc_topology_t)ctx->topo->hwloc, set, HWLOC_CPUBIND_PROCESS) != 0) {
     char pus[128];
     int e = errno;

@@ -77,6 +77,9 @@ typedef struct {
 typedef struct {
   int cluster; /* index in topo->clusters */
   int core;    /* index in that cluster's cores */
+  int ncpus;   /* its CPU set: PU OS indices, sorted (0 with bind none) */
+  unsigned *cpus;
+  int threads; /* compute threads it should run: the cores of its set (>= 1) */
   int pu;      /* OS index, -1 with bind none */
   coll_numa_place_t buf;
 } coll_numa_rank_t;

@@ -76,6 +76,61 @@ static void report_json_notes(coll_numa_str_t *s, const char *notes) {
   coll__numa_str_add(s, "]");
 }
 
+/* The rank's CPU set as a sorted hwloc-style list ("0-3,64-67"); quoted for
+ * JSON; null / "any" with bind none. */
+static void report_cpus(coll_numa_str_t *s, const coll_numa_topo_t *topo, const coll_numa_rank_t *rk,
+                        int json) {
+  if (rk->ncpus == 0) {
+    coll__numa_str_add(s, json ? "null" : "any");
+    return;
+  }
+  (void)topo;
+  const unsigned *ids = rk->cpus; /* sorted by the plan */
+  int n = rk->ncpus;
+  coll__numa_str_add(s, json ? "\"" : "");
+  for (int i = 0; i < n;) {
+    int j = i;
+    while (j + 1 < n && ids[j + 1] == ids[j] + 1)
+      j++;
+    coll__numa_str_add(s, "%s%u", i ? "," : "", ids[i]);
+    if (j > i)
+      coll__numa_str_add(s, "-%u", ids[j]);
+    i = j + 1;
+  }
+  coll__numa_str_add(s, json ? "\"" : "");
+}
+
+/* Per cluster, before the per-rank lines: how many ranks, how many cores each. */
+static void report_clusters(coll_numa_str_t *s, const coll_numa_topo_t *topo,
+                            const coll_numa_plan_t *plan) {
+  for (int c = 0; c < topo->nclusters; c++) {
+    int n = 0, first = -1, last = -1, tmin = 1 << 30, tmax = 0;
+    for (int r = 0; r < plan->nranks; r++) {
+      const coll_numa_rank_t *rk = &plan->ranks[r];
+      if (rk->cluster != c)
+        continue;
+      if (first < 0)
+        first = r;
+      last = r;
+      n++;
+      tmin = rk->threads < tmin ? rk->threads : tmin;
+      tmax = rk->threads > tmax ? rk->threads : tmax;
+    }
+    if (n == 0)
+      continue;
+    coll__numa_str_add(s, "    cluster %d (%d cores): ", c, topo->clusters[c].ncores);
+    if (n == 1)
+      coll__numa_str_add(s, "rank %d, %d", first, tmin);
+    else
+      coll__numa_str_add(s, "ranks %d-%d (%d), %d", first, last, n, tmin);
+    if (tmax != tmin)
+      coll__numa_str_add(s, "-%d", tmax);
+    coll__numa_str_add(s, " thread%s each, buffers on node ", tmax == 1 ? "" : "s");
+    report_nodes(s, plan->ranks[first].buf.nodes, plan->ranks[first].buf.nnodes);
+    coll__numa_str_add(s, " (%s)\n", plan->ranks[first].buf.is_hbm ? "HBM" : "DDR");
+  }
+}
+
 static void report_json(coll_numa_str_t *s, const coll_numa_topo_t *topo, const coll_numa_plan_t *plan) {
   coll__numa_str_add(s, "{\n  \"memory_mode\": \"%s\",\n  \"cluster_mode\": ", coll__numa_mode_name(plan->mode));
   if (topo->cluster_mode[0] != '\0')
@@ -92,7 +147,9 @@ static void report_json(coll_numa_str_t *s, const coll_numa_topo_t *topo, const 
       coll__numa_str_add(s, "%d", rk->pu);
     else
       coll__numa_str_add(s, "null");
-    coll__numa_str_add(s, ", \"buffer_nodes\": [");
+    coll__numa_str_add(s, ", \"cpus\": ");
+    report_cpus(s, topo, rk, 1);
+    coll__numa_str_add(s, ", \"threads\": %d, \"buffer_nodes\": [", rk->threads);
     report_nodes(s, rk->buf.nodes, rk->buf.nnodes);
     coll__numa_str_add(s, "]}");
   }
@@ -159,14 +216,12 @@ static void report_text(coll_numa_str_t *s, const coll_numa_topo_t *topo, const 
   if (plan->effective != plan->policy.memory)
     coll__numa_str_add(s, " -> %s", coll_numa_memory_name(plan->effective));
   coll__numa_str_add(s, "\n");
+  report_clusters(s, topo, plan);
   for (int r = 0; r < plan->nranks; r++) {
     const coll_numa_rank_t *rk = &plan->ranks[r];
-    coll__numa_str_add(s, "    rank %-3d ", r);
-    if (rk->pu >= 0)
-      coll__numa_str_add(s, "PU %-4d", rk->pu);
-    else
-      coll__numa_str_add(s, "PU any ");
-    coll__numa_str_add(s, " cluster %d  buffers on node ", rk->cluster);
+    coll__numa_str_add(s, "    rank %-3d CPUs ", r);
+    report_cpus(s, topo, rk, 0);
+    coll__numa_str_add(s, "  threads %d  cluster %d  buffers on node ", rk->threads, rk->cluster);
     report_nodes(s, rk->buf.nodes, rk->buf.nnodes);
     coll__numa_str_add(s, " (%s, %s)\n", rk->buf.is_hbm ? "HBM" : "DDR", report_mpol(rk->buf.mode));
   }

@@ -78,6 +78,11 @@ static PyObject *placement_pu(hb_placement_t *self, void *c) {
   return PyLong_FromLong(pu);
 }
 
+static PyObject *placement_threads(hb_placement_t *self, void *c) {
+  (void)c;
+  return PyLong_FromLong(coll_numa_rank_threads(self->ctx, self->local_rank));
+}
+
 /* The coll_place_fn handed to libcoll: runs in C, no Python. */
 int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks, int n) {
   char notice[256];
@@ -92,7 +97,9 @@ static PyMethodDef placement_methods[] = {
 
 static PyGetSetDef placement_getset[] = {
     {"notice", (getter)placement_notice, NULL, "one line on fallbacks, or ''", NULL},
-    {"pu", (getter)placement_pu, NULL, "the PU this rank was pinned to, or None", NULL},
+    {"pu", (getter)placement_pu, NULL, "the first PU of this rank's CPU set, or None", NULL},
+    {"threads", (getter)placement_threads, NULL,
+     "compute threads the plan gives this rank (the cores of its share)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot placement_slots[] = {{Py_tp_new, placement_new},

@@ -36,8 +36,12 @@
  *                  no notice: that is what it is for)
  *   hbm_interleave MPOL_INTERLEAVE over every HBM node of the machine
  *   ddr            MPOL_PREFERRED to the DDR node of the cluster
- * Binding (HBMCOLL_BIND / --bind): core (default: the rank's core), cluster
- * (every PU of the rank's cluster), none.
+ * Binding (HBMCOLL_BIND / --bind): share (default: the rank's share of its
+ * cluster's cores, all of them when it is alone there, so a rank's compute
+ * threads keep their cores), core (one core per rank), cluster (every PU of
+ * the rank's cluster), none. With more ranks in a cluster than PUs, share and
+ * core bind to the whole cluster (several ranks pinned to one PU would make
+ * every wait cost a time slice).
  */
 #ifndef COLL_NUMA_H
 #define COLL_NUMA_H
@@ -60,7 +64,12 @@ typedef enum {
   COLL_NUMA_MEM_DDR
 } coll_numa_memory_t;
 
-typedef enum { COLL_NUMA_BIND_CORE = 0, COLL_NUMA_BIND_CLUSTER, COLL_NUMA_BIND_NONE } coll_numa_bind_t;
+typedef enum {
+  COLL_NUMA_BIND_CORE = 0,
+  COLL_NUMA_BIND_CLUSTER,
+  COLL_NUMA_BIND_NONE,
+  COLL_NUMA_BIND_SHARE
+} coll_numa_bind_t;
 
 #define COLL_NUMA_NODES_MAX 256  /* longest node list accepted, e.g. "4-7,12" */
 #define COLL_NUMA_RANKS_MAX 65536 /* most local ranks a plan takes */
@@ -76,7 +85,7 @@ typedef struct {
 
 /* Build a policy from strings. memory: "auto", "hbm_bind", "hbm_preferred",
  * "hbm_interleave", "ddr" ("hbm" is accepted for hbm_preferred); bind:
- * "core", "cluster" ("quadrant" is accepted for cluster), "none"; NULL or ""
+ * "share", "core", "cluster" ("quadrant" is accepted for cluster), "none"; NULL or ""
  * picks the default. hbm_nodes: list in hwloc/numactl syntax ("4-7,9") or
  * NULL/"" for detection; it is checked against a topology only when a plan is
  * made. Returns 0 and *policy_p, or -EINVAL for an unknown word or a list
@@ -166,9 +175,15 @@ int coll_numa_setup_policy(int local_rank, int local_size, const coll_numa_polic
  * Meant to be printed once per job by local rank 0. Valid until free. */
 const char *coll_numa_notice(const coll_numa_ctx_t *ctx);
 
-/* OS index of the PU planned for local rank `rank`, -EINVAL when rank is out
- * of range, -ENOENT with bind none (no PU chosen). */
+/* OS index of the PU planned for local rank `rank` (the first of its CPU
+ * set), -EINVAL when rank is out of range, -ENOENT with bind none. */
 int coll_numa_rank_pu(const coll_numa_ctx_t *ctx, int rank);
+
+/* Compute threads the plan gives local rank `rank`: the cores of its CPU set
+ * (its share of the cluster with bind share; 1 with core; the cluster's cores
+ * over its ranks with cluster; the machine's over all ranks with none), at
+ * least 1; -EINVAL when rank is out of range. */
+int coll_numa_rank_threads(const coll_numa_ctx_t *ctx, int rank);
 
 /* Place a fresh shared mapping [addr, addr+len) used by the local ranks
  * user_ranks[0..nusers) (NULL/0: every rank): mbind it, before anything

@@ -22,7 +22,7 @@ CPU tensors, via ``__dlpack__``), runs the collective, and returns a ``Work``:
   temporary was needed); once someone asks for ``work.get_future()`` (DDP's reducer and comm
   hooks chain on it), the group's completer threads complete that future without anyone calling
   wait().
-- Except when the process may run on one CPU only (hbmcoll-run's default ``--bind core``):
+- Except when the process may run on one CPU only (a rank whose share is one core, as with 2 ranks on 2 cores):
   nothing can overlap with the collective there, so async collectives run in the caller's
   thread too and return a completed Work (``HBMCOLL_TORCH_INLINE=0/1`` overrides the choice).
 
@@ -385,7 +385,7 @@ def _flat_cat(tensors, dtype=None):
 
 def _inline_policy():
     """Run async collectives in the caller's thread? HBMCOLL_TORCH_INLINE=1/0; by default
-    (auto) yes when this process may run on one CPU only (hbmcoll-run's --bind core): then
+    (auto) yes when this process may run on one CPU only (a share of one core): then
     nothing can overlap with the collective, and handing it to hbmcoll's progress thread and
     back only adds context switches on that CPU."""
     v = os.environ.get("HBMCOLL_TORCH_INLINE", "auto").strip().lower()

@@ -344,7 +344,30 @@ def _place(info):
     placement = topo.setup(info.local_rank, info.local_size)
     if info.local_rank == 0 and placement.notice and not os.environ.get("HBMCOLL_QUIET"):
         print(placement.notice, file=sys.stderr, flush=True)
+    _follow_threads(placement.threads)
     return placement
+
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _follow_threads(n):
+    """Compute threads follow the rank's share of the cores unless the user chose a number:
+    OMP_NUM_THREADS and friends for what loads later, torch's and TensorFlow's intra-op pools
+    where they are already imported (hbmcoll-run sets the variables per rank before start)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    for var in _THREAD_VARS:
+        os.environ.setdefault(var, str(n))
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(n)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(n)
+        except (RuntimeError, AttributeError):
+            pass  # TF's runtime already started: its pools keep their size
 
 
 def _timeout_arg(timeout):

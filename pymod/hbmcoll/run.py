@@ -1,6 +1,6 @@
 """hbmcoll-run: start N ranks of a program on this node.
 
-    python -m hbmcoll.run -n N [--bind core|cluster|none] [--memory POLICY] [--timeout SECONDS]
+    python -m hbmcoll.run -n N [--bind share|core|cluster|none] [--memory POLICY] [--timeout SECONDS]
                           [--tag-output] (prog [args...] | -m module [args...])
 
 Each rank gets HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/JOB_KEY (read by hbmcoll.launch_env) and
@@ -83,7 +83,9 @@ def _parser():
         description="Start N ranks of a program on this node for hbmcoll (and torch.distributed).")
     p.add_argument("-n", "--np", dest="n", type=int, required=True, metavar="N",
                    help="number of ranks")
-    p.add_argument("--bind", choices=("core", "cluster", "none"), help="pinning (HBMCOLL_BIND)")
+    p.add_argument("--bind", choices=("share", "core", "cluster", "none"),
+                   help="pinning (HBMCOLL_BIND): share (default: each rank its share of its "
+                        "cluster's cores), core (one core each), cluster, none")
     p.add_argument("--memory", choices=MEMORY, help="segment memory policy (HBMCOLL_MEMORY)")
     p.add_argument("--timeout", metavar="SECONDS",
                    help="deadline of each collective wait in the ranks (HBMCOLL_TIMEOUT); "
@@ -107,6 +109,19 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _planned_threads(n, env):
+    """Threads per rank from the placement plan for n ranks (hbmcoll._core's, which init()
+    applies); without the extension (this file run by path), the CPUs split evenly."""
+    try:
+        import json
+        from hbmcoll import _core
+        plan = json.loads(_core.numa_report(None, n, env.get("HBMCOLL_MEMORY"),
+                                            env.get("HBMCOLL_BIND"), True))
+        return [r["threads"] for r in plan["ranks"]]
+    except (ImportError, OSError, ValueError, KeyError):
+        return [max(1, len(os.sched_getaffinity(0)) // n)] * n
 
 
 def _pdeathsig_preexec():
@@ -152,7 +167,7 @@ class _Job:
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
 
-    def start(self, cmd, env, n):
+    def start(self, cmd, env, n, threads):
         preexec = _pdeathsig_preexec()
         out = subprocess.PIPE if self.tag else None
         for rank in range(n):
@@ -160,6 +175,8 @@ class _Job:
                 break  # told to stop while starting: start no more
             renv = dict(env, HBMCOLL_RANK=str(rank), HBMCOLL_LOCAL_RANK=str(rank),
                         RANK=str(rank), LOCAL_RANK=str(rank))
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                renv.setdefault(var, str(threads[rank]))
             try:
                 # stdin goes to rank 0 only (as with mpiexec), so ranks do not race for input.
                 p = subprocess.Popen(cmd, env=renv, start_new_session=True, preexec_fn=preexec,
@@ -287,11 +304,10 @@ def main(argv=None):
                        ("HBMCOLL_TIMEOUT", args.timeout)):
         if value is not None:
             env[var] = value
-    # Like torchrun: N ranks each starting a full set of OpenMP/BLAS threads
-    # oversubscribe the cores and slow every collective's slowest rank.
-    threads = str(max(1, len(os.sched_getaffinity(0)) // args.n))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, threads)
+    # Each rank's OpenMP/BLAS threads: the cores of its share in the placement plan (what
+    # init() pins it to), set before the rank starts, since those libraries read the variables
+    # when they load. A variable the user set is kept.
+    threads = _planned_threads(args.n, env)
     if args.tag_output:
         env.setdefault("PYTHONUNBUFFERED", "1")  # through a pipe Python would buffer whole blocks
 
@@ -299,7 +315,7 @@ def main(argv=None):
     for sig in (*FORWARDED, signal.SIGTSTP):
         if signal.getsignal(sig) != signal.SIG_IGN:  # keep what our caller ignored (nohup, &)
             signal.signal(sig, job.on_signal)
-    job.start(_command(prog_argv, module), env, args.n)
+    job.start(_command(prog_argv, module), env, args.n, threads)
     return job.wait()
 
 

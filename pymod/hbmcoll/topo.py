@@ -1,7 +1,7 @@
 """Topology and placement: what hbmcoll.topology() returns and what
 `python -m hbmcoll.topo` prints.
 
-    python -m hbmcoll.topo                          # this machine, one rank per core
+    python -m hbmcoll.topo                          # this machine, one rank per core, each its share
     python -m hbmcoll.topo --ranks 64 --json        # the plan as JSON
     python -m hbmcoll.topo --topology knl.xml --ranks 64 --memory hbm_bind
 
@@ -40,7 +40,7 @@ def main(argv=None):
     ap.add_argument("--topology", metavar="FILE", help="hwloc XML file or HWLOC_FSROOT directory")
     ap.add_argument("--ranks", type=int, default=0, help="local ranks to plan for (default: one per core)")
     ap.add_argument("--memory", choices=["auto", "hbm", "hbm_bind", "hbm_preferred", "hbm_interleave", "ddr"])
-    ap.add_argument("--bind", choices=["core", "cluster", "quadrant", "none"])
+    ap.add_argument("--bind", choices=["share", "core", "cluster", "quadrant", "none"])
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
     try:

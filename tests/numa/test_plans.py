@@ -52,6 +52,8 @@ EXPECT = {
 RANKS = [1, 6, 70]
 # (fixture, ranks, memory, bind) beyond the default policy
 VARIANTS = [
+    ("knl-snc4-flat.xml", 4, None, None),   # 4 ranks x 16 cores: frameworks' KNL layout
+    ("knl-snc4-flat.xml", 6, None, "core"),  # one core each, as before share was the default
     ("knl-snc4-flat.xml", 6, "hbm_bind", None),
     ("knl-snc4-flat.xml", 6, "hbm_interleave", None),
     ("knl-snc4-flat.xml", 6, "ddr", None),
@@ -154,6 +156,15 @@ def golden_name(fixture, ranks, memory, bind):
     return os.path.join(GOLDEN, n + ".json")
 
 
+def parse_list(text):
+    """'0-3,8' -> {0, 1, 2, 3, 8}"""
+    out = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out |= set(range(int(a), int(b or a) + 1))
+    return out
+
+
 def check_invariants(plan, fixture, ranks, memory, bind, extracted):
     mode, cmode, hbm = EXPECT[fixture]
     assert plan["memory_mode"] == mode
@@ -176,6 +187,21 @@ def check_invariants(plan, fixture, ranks, memory, bind, extracted):
         if len(pkgs) > 1 or len(set(pu_pkg.values())) > 1:
             counts = [pkgs.get(k, 0) for k in set(pu_pkg.values())]
             assert max(counts) - min(counts) <= 1, "ranks uneven over packages: %s" % counts
+    if bind in (None, "share") and ranks <= ncores:
+        # share (the default): every core of the machine is some rank's, no core is two
+        # ranks', each rank's set holds its PU, and its threads are its cores
+        sets = [parse_list(r["cpus"]) for r in plan["ranks"]]
+        assert all(r["pu"] in s for r, s in zip(plan["ranks"], sets))
+        owners = {}
+        for i, cpus in enumerate(sets):
+            for p in cpus:
+                assert p not in owners, f"PU {p} in the sets of ranks {owners[p]} and {i}"
+                owners[p] = i
+        assert set(owners) == set(pu_core), "cores left to no rank"
+        for r, cpus in zip(plan["ranks"], sets):
+            assert r["threads"] == len({pu_core[p] for p in cpus})
+    elif bind == "core" and ranks <= ncores:
+        assert all(len({pu_core[p] for p in parse_list(r["cpus"])}) == 1 for r in plan["ranks"])
     for r in plan["ranks"]:
         nodes = r["buffer_nodes"]
         assert nodes and all(n in node_cpus for n in nodes)
