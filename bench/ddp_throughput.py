@@ -11,7 +11,7 @@ round times `--steps` training steps (forward, backward with DDP's gradient allr
 on synthetic 8x8 digit batches after a warm-up. Throughput = steps / wall time of the slowest
 rank. Prints both, the ratio hbmcoll/gloo (median of the per-round ratios, and of the medians),
 and writes bench/results/ddp.json. Fairness: torch.set_num_threads(1) and OMP_NUM_THREADS=1 in
-every rank, pinning (hbmcoll-run's default --bind share) applies to both backends alike, and the
+every rank (with --bind B, the threads the binding's plan gives instead, for both backends), pinning (hbmcoll-run's default --bind share) applies to both backends alike, and the
 data, model and step count are identical.
 """
 import argparse
@@ -38,6 +38,9 @@ def _args(argv=None):
     ap.add_argument("--batch", type=int, default=32, help="batch per rank (default 32)")
     ap.add_argument("--wide", type=int, default=1, help="widen the example net's layers k times")
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    ap.add_argument("--bind", choices=("share", "core", "cluster", "none"), default=None,
+                    help="hbmcoll-run's binding for every rank (default: its own, share); the "
+                         "ranks' threads then follow their share, not OMP_NUM_THREADS=1")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "ddp.json"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -66,8 +69,9 @@ def worker(a):
 
     import hbmcoll.torch  # noqa: F401
 
-    torch.set_num_threads(1)
-    dist.init_process_group("hbmcoll")
+    if a.bind is None:
+        torch.set_num_threads(1)
+    dist.init_process_group("hbmcoll")  # with --bind: pins, and torch's threads follow the share
     gloo = dist.new_group(backend="gloo")
     rank = dist.get_rank()
     groups = {"hbmcoll": dist.distributed_c10d._get_default_group(), "gloo": gloo}
@@ -125,9 +129,13 @@ def main(argv=None):
         return worker(a)
     env = dict(os.environ, HBMCOLL_QUIET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [PYMOD, os.environ.get("PYTHONPATH")])))
+    if a.bind is not None:  # a training step under this binding, with the threads it gives
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.pop(var, None)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "hbmcoll.run", "-n", str(a.np), os.path.abspath(__file__),
+    cmd = [sys.executable, "-m", "hbmcoll.run", "-n", str(a.np),
+           *(["--bind", a.bind] if a.bind else []), os.path.abspath(__file__),
            "--worker"] + [x for x in (argv if argv is not None else sys.argv[1:])]
     try:
         load_before = os.getloadavg()[0]
