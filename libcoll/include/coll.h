@@ -138,6 +138,8 @@ int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
  * ordered by (key, old rank). color < 0: this rank joins none and *comm_p is
  * set to NULL. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
+/* (If a rank cannot create its part (out of fds, Ctrl-C), `comm` fails on every
+ * rank with that reason: the members of its group stop waiting for it.) */
 
 /* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST,
  * "rank r left before collective #n"), then release everything (threads,

@@ -99,8 +99,11 @@ static int boot_same_user(int fd) {
   return cred.uid == getuid() ? 0 : -EACCES;
 }
 
+/* 0, COLL_EINTERRUPTED (Ctrl-C), or the failure of the communicator being
+ * split (a rank of it gave up on this split, or died): no reason to wait on. */
 static int boot_interrupted(const boot_t *b) {
-  return b->c->interrupt_fn && b->c->interrupt_fn(b->c->interrupt_arg);
+  if (b->c->interrupt_fn && b->c->interrupt_fn(b->c->interrupt_arg)) return COLL_EINTERRUPTED;
+  return b->c->parent ? coll__aborted(b->c->parent) : 0;
 }
 
 /* Past HBMCOLL_STALL_WARN (then at doubling intervals): one line saying who
@@ -124,7 +127,8 @@ static int boot_poll(int fd, short events, const boot_t *b) {
     int rc = poll(&pfd, 1, left_ms < BOOT_SLICE_MS ? (int)left_ms : BOOT_SLICE_MS);
     if (rc > 0) return rc;
     if (rc < 0 && errno != EINTR) return -errno;
-    if (boot_interrupted(b)) return COLL_EINTERRUPTED;
+    int why = boot_interrupted(b);
+    if (why) return why;
     if (rc == 0) return 0; /* a slice passed: the caller may warn, then poll again */
   }
 }
@@ -316,7 +320,8 @@ static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_o
       boot_missing(conns, size, missing, sizeof missing);
       snprintf(err, errlen, "rank 0 waited for the other ranks; %d of %d came (missing: %s)%s%s",
                nconn + 1, size, missing, prc == -ETIMEDOUT ? "" : ": ",
-               prc == -ETIMEDOUT ? "" : strerror(-prc));
+               prc == -ETIMEDOUT ? "" : b->c->parent && coll__aborted(b->c->parent)
+                                            ? b->c->parent->error_text : coll_strerror(prc));
       rc = prc == -ETIMEDOUT ? -ETIMEDOUT : COLL_EBOOTSTRAP;
       goto out_close_conns;
     }
@@ -412,9 +417,15 @@ static int boot_member(const char *key, int rank, int size, boot_t *b, int *fd_p
                key, b->dir ? " in " : "", b->dir ? b->dir : "");
       return -ETIMEDOUT;
     }
-    if (boot_interrupted(b)) {
+    int why = boot_interrupted(b);
+    if (why == COLL_EINTERRUPTED) {
       snprintf(err, errlen, "rank %d was interrupted while looking for rank 0", rank);
-      return COLL_EINTERRUPTED;
+      return why;
+    }
+    if (why) {
+      snprintf(err, errlen, "rank %d stopped looking for rank 0: %s", rank,
+               b->c->parent->error_text);
+      return COLL_EBOOTSTRAP;
     }
     boot_maybe_warn(b, "rank 0");
     usleep(nap);

@@ -188,15 +188,22 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   return 0;
 }
 
-int coll_comm_create(const coll_comm_config_t *cfg, coll_comm_t **comm_p) {
+static int comm_create_from(const coll_comm_config_t *cfg, coll_comm_t *parent,
+                            coll_comm_t **comm_p) {
   if (cfg == NULL || comm_p == NULL || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size ||
       cfg->job_key == NULL || cfg->job_key[0] == '\0')
     return COLL_EBADARG;
   coll_comm_t *c = calloc(1, sizeof *c);
   if (c == NULL) return -ENOMEM;
+  c->parent = parent;
   int rc = comm_create(cfg, c);
+  c->parent = NULL;
   *comm_p = c; /* even on failure: coll_comm_error() says why; free it */
   return rc;
+}
+
+int coll_comm_create(const coll_comm_config_t *cfg, coll_comm_t **comm_p) {
+  return comm_create_from(cfg, NULL, comm_p);
 }
 
 typedef struct {
@@ -251,8 +258,14 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
                             .warn_arg = c->warn_arg, .place = c->place,
                             .place_arg = c->place_arg, .local_ranks = local,
                             .interrupt = c->interrupt_fn, .interrupt_arg = c->interrupt_arg};
-  rc = coll_comm_create(&cfg, comm_p);
+  rc = comm_create_from(&cfg, c, comm_p);
   free(local);
+  if (rc == COLL_EINTERRUPTED && !coll__aborted(c))
+    coll__fail(c, COLL_EPEERLOST, "rank %d was interrupted by a signal in split #%llu; the "
+               "communicator is closed", c->rank, (unsigned long long)split_no);
+  else if (rc != 0 && !coll__aborted(c)) /* its group's other ranks would wait for it */
+    coll__fail(c, rc, "rank %d could not create its part of split #%llu: %s", c->rank,
+               (unsigned long long)split_no, *comm_p ? (*comm_p)->error_text : coll_strerror(rc));
   return rc;
 }
 

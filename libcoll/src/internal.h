@@ -124,6 +124,7 @@ struct coll_comm {
   pid_t owner_pid;       /* the process that created it: a fork()ed child may not use it */
   unsigned owner_epoch;  /* coll__fork_epoch at creation */
   int creating;    /* inside coll_comm_create (warnings say so) */
+  coll_comm_t *parent; /* while a split creates this one: the communicator split */
   /* local failure record (also for errors found before the header exists) */
   int error;
   char error_text[COLL_TEXT_MAX];
