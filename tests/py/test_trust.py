@@ -26,7 +26,9 @@ PYMOD = HERE.parents[1] / "pymod"
 
 
 def _env(**extra):
-    env = ranks.clean_env(extra)
+    env = ranks.clean_env({k: v for k, v in extra.items() if v is not None})
+    for k in [k for k, v in extra.items() if v is None]:
+        env.pop(k, None)
     env["PYTHONPATH"] = str(PYMOD)
     env.setdefault("HBMCOLL_BIND", "none")
     env["HBMCOLL_QUIET"] = "1"
@@ -222,6 +224,24 @@ def test_squatted_old_style_name_does_not_stop_a_job(tmp_path):
     d = Path(job_secret.private_dir())
     assert (d.stat().st_mode & 0o077) == 0
     assert not [f for f in d.iterdir() if f.name.startswith("job-")]
+
+
+def test_squatted_private_directory_costs_a_line_not_the_job(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("needs root to make a directory owned by another user")
+    squatted = tmp_path / f"hbmcoll-{os.getuid()}"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, 65534, 65534)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import numpy as np, hbmcoll
+        c = hbmcoll.init(); x = np.ones(2); c.allreduce(x); print("sum", x[0])""")],
+        env=_env(PMI_RANK=str(r), PMI_SIZE="2", PMI_FD="9", MPI_LOCALRANKID=str(r),
+                 MPI_LOCALNRANKS="2", TMPDIR=str(tmp_path), XDG_RUNTIME_DIR=None),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all("sum 2.0" in o for o in outs), outs
+    assert any(f"the rendezvous uses {squatted}.1" in o for o in outs), outs
+    assert not list(squatted.iterdir())
 
 
 # ---- (8) out of fds in split --------------------------------------------------------------
