@@ -139,4 +139,9 @@ void coll__numa_str_add(coll_numa_str_t *s, const char *fmt, ...) __attribute__(
 /* discover.c */
 uint64_t coll__numa_node_free_now(unsigned os_index); /* from /sys, 0: unknown */
 
+/* cpuset.c: fill every rank's cpus/ncpus/threads; cnt[c] ranks were dealt to
+ * cluster c, numbered from first[c]. 0 or -ENOMEM. */
+int coll__numa_plan_cpusets(const coll_numa_topo_t *topo, coll_numa_plan_t *plan, const int *cnt,
+                            const int *first);
+
 #endif /* COLL_NUMA_INTERNAL_H */

@@ -421,7 +421,6 @@ static PyObject *comm_abort(hb_comm_t *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args);
 
 static PyObject *comm_get_rank(hb_comm_t *self, void *c) {
   (void)c;
@@ -468,7 +467,7 @@ static PyMethodDef comm_methods[] = {
      "start(kind, send, recv, op, root) -> Request"},
     {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
     {"set_algorithm", (PyCFunction)comm_set_algorithm, METH_VARARGS, "force an algorithm"},
-    {"arena_alloc", (PyCFunction)comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
+    {"arena_alloc", (PyCFunction)hb_comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
     {"close", (PyCFunction)comm_close, METH_NOARGS, "release the communicator"},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS, "fail the communicator on every rank"},
     {"bind_thread", (PyCFunction)comm_bind_thread, METH_NOARGS,
@@ -493,78 +492,6 @@ static PyType_Slot comm_slots[] = {
 static PyType_Spec comm_spec = {"hbmcoll._core.Comm", sizeof(hb_comm_t), 0,
                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
                                 comm_slots};
-
-/* ---- ArenaBuffer: bytes inside the shared arena, exported as a buffer ---- */
-
-typedef struct {
-  PyObject_HEAD
-  hb_comm_t *owner; /* keeps the mapping alive */
-  void *ptr;
-  Py_ssize_t nbytes;
-} hb_arena_buf_t;
-
-static PyObject *comm_arena_alloc(hb_comm_t *self, PyObject *args) {
-  Py_ssize_t nbytes;
-  if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
-  if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "negative size");
-  if (self->comm == NULL) return hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
-  const char *failed = NULL;
-  int code = coll_comm_error(self->comm, &failed);
-  if (code != 0) return hb_raise(self->state, code, failed);
-  void *ptr;
-  int rc = coll_arena_alloc(self->comm, (size_t)nbytes, 64, &ptr);
-  if (rc == -ENOMEM)
-    return PyErr_Format(PyExc_MemoryError,
-                        "the shared arena has no room for %zd bytes (HBMCOLL_ARENA_BYTES sets its size per rank)",
-                        nbytes);
-  if (rc) return hb_raise(self->state, rc, NULL);
-  PyTypeObject *tp = self->state->ArenaBufferType;
-  hb_arena_buf_t *b = (hb_arena_buf_t *)tp->tp_alloc(tp, 0);
-  if (b == NULL) {
-    coll_arena_free(self->comm, ptr);
-    return NULL;
-  }
-  b->owner = (hb_comm_t *)Py_NewRef(self);
-  self->arena_live++;
-  b->ptr = ptr;
-  b->nbytes = nbytes;
-  return (PyObject *)b;
-}
-
-static int arena_getbuffer(hb_arena_buf_t *self, Py_buffer *view, int flags) {
-  return PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->nbytes, 0, flags);
-}
-
-static void arena_dealloc(hb_arena_buf_t *self) {
-  PyTypeObject *tp = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  hb_comm_t *o = self->owner;
-  if (o) {
-    coll_arena_free(o->comm ? o->comm : o->kept, self->ptr);
-    if (--o->arena_live == 0 && o->kept) { /* the last array of a closed communicator */
-      coll_comm_free(o->kept);
-      o->kept = NULL;
-    }
-  }
-  Py_CLEAR(self->owner);
-  tp->tp_free(self);
-  Py_DECREF(tp);
-}
-
-static int arena_traverse(hb_arena_buf_t *self, visitproc visit, void *arg) {
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(self->owner);
-  return 0;
-}
-
-static PyType_Slot arena_slots[] = {{Py_bf_getbuffer, arena_getbuffer},
-                                    {Py_tp_dealloc, arena_dealloc},
-                                    {Py_tp_traverse, arena_traverse},
-                                    {0, NULL}};
-
-static PyType_Spec arena_spec = {"hbmcoll._core.ArenaBuffer", sizeof(hb_arena_buf_t), 0,
-                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
-                                 arena_slots};
 
 /* ---- module ----------------------------------------------------------------- */
 
@@ -604,7 +531,7 @@ static int hb_exec(PyObject *m) {
     return -1;
   st->CommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &comm_spec, NULL);
   st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
-  st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &arena_spec, NULL);
+  st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
   if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType) return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||

@@ -59,6 +59,10 @@ void hb_comm_unlock(hb_comm_t *self);
 int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op, int root,
                coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb);
 
+/* arena_buffer.c */
+extern PyType_Spec hb_arena_spec;
+PyObject *hb_comm_arena_alloc(hb_comm_t *self, PyObject *args); /* Comm.arena_alloc(nbytes) */
+
 /* request.c */
 extern PyType_Spec hb_request_spec;
 PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_t *rb);
