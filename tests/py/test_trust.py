@@ -109,6 +109,21 @@ def test_roots_are_checked_before_narrowing(comm1, root):
     comm1.bcast(buf, root=0)  # still usable
 
 
+def _root_beyond_int(comm):
+    buf = np.full(2, float(comm.rank))
+    try:
+        comm.bcast(buf, root=2**32 + 1)  # narrowed to int, this was rank 1
+        return "no error", buf.tolist()
+    except ValueError as e:
+        comm.barrier()  # nothing was communicated: the communicator is still in step
+        return "ValueError", str(e)
+
+
+def test_root_beyond_int_is_not_rank_1(run_ranks):
+    for kind, detail in run_ranks(2, _root_beyond_int):
+        assert kind == "ValueError" and "4294967297" in detail, detail
+
+
 # ---- (4) two threads on one communicator --------------------------------------------------
 
 def _two_threads(comm):
