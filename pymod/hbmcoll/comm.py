@@ -383,6 +383,16 @@ def _timeout_arg(timeout):
     return t
 
 
+def _env_timeout():
+    """HBMCOLL_TIMEOUT for the wait before libcoll's (which parses it, and rejects a bad value
+    with a message naming it): here a bad value means no limit until libcoll says so."""
+    try:
+        t = float(os.environ.get("HBMCOLL_TIMEOUT") or 0)
+    except ValueError:
+        return None
+    return t if 0 < t < float("inf") else None
+
+
 def init(comm=None, timeout=None):
     """Join the job's communicator.
 
@@ -404,7 +414,8 @@ def init(comm=None, timeout=None):
     exchange = job_secret.Exchange(key, info.rank) if info.needs_secret else None
     try:
         if exchange is not None:
-            key += "." + (exchange.publish() if info.rank == 0 else exchange.fetch())
+            key += "." + (exchange.publish() if info.rank == 0 else
+                          exchange.fetch(timeout or _env_timeout()))
         core = _core.Comm(info.rank, info.size, key, timeout, placement)
     finally:
         if exchange is not None:

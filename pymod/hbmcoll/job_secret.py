@@ -115,11 +115,15 @@ class Exchange:
         os.replace(tmp, self.path)
         return self.nonce
 
-    def fetch(self):
-        """Wait (Ctrl-C ends it) for rank 0's nonce; a stall gets a line at 60 s, 120 s, ..."""
+    def fetch(self, timeout=None):
+        """Wait (Ctrl-C ends it) for rank 0's nonce; a stall gets a line at 60 s, 120 s, ...;
+        past `timeout` seconds (HBMCOLL_TIMEOUT), TimeoutError."""
         start = time.monotonic()
         next_warn = start + _WARN_S
         while True:
+            if timeout and time.monotonic() - start > timeout:
+                raise TimeoutError(f"local rank {self.local_rank} found no rank 0 starting the "
+                                   f"job's rendezvous ({self.path}) within {timeout:g} s")
             live = self._read()
             if live is not None:
                 self.nonce = live[0]

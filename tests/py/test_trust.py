@@ -259,6 +259,19 @@ def test_squatted_private_directory_costs_a_line_not_the_job(tmp_path):
     assert not list(squatted.iterdir())
 
 
+def test_member_without_rank_0_honours_the_timeout():
+    code = textwrap.dedent("""
+        import hbmcoll
+        try:
+            hbmcoll.init()
+        except TimeoutError as e:
+            print("timeout:", e)""")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=_env(PMI_RANK="1", PMI_SIZE="2", PMI_FD="9", MPI_LOCALRANKID="1",
+                                  MPI_LOCALNRANKS="2", HBMCOLL_TIMEOUT="1"))
+    assert "timeout: local rank 1 found no rank 0" in res.stdout, res.stdout + res.stderr
+
+
 # ---- (8) out of fds in split --------------------------------------------------------------
 
 def _split_without_fds(comm):
