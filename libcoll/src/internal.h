@@ -183,7 +183,6 @@ int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) __attribute__((fo
 int coll__check_abort(coll_comm_t *c);
 /* A line for a person (stall): the communicator's warn callback, or stderr. */
 void coll__warn(coll_comm_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void coll__say(coll_warn_fn fn, void *arg, const char *text);
 /* The caller's collectives numbered from 1 (creation's barriers not counted). */
 static inline uint64_t coll__call_number(const coll_comm_t *c) { return c->seq - c->extra_seq; }
 /* 0 while healthy, else the failure code (the same on every rank). */

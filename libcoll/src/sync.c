@@ -105,12 +105,8 @@ void coll__warn(coll_comm_t *c, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
-  coll__say(c->warn_fn, c->warn_arg, text);
-}
-
-void coll__say(coll_warn_fn fn, void *arg, const char *text) {
-  if (fn) {
-    fn(arg, text);
+  if (c->warn_fn) {
+    c->warn_fn(c->warn_arg, text);
     return;
   }
   char line[COLL_TEXT_MAX + 80];

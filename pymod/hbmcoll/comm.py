@@ -348,16 +348,13 @@ def _place(info):
     return placement
 
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def _follow_threads(n):
     """Compute threads follow the rank's share of the cores unless the user chose a number:
     OMP_NUM_THREADS and friends for what loads later, torch's and TensorFlow's intra-op pools
     where they are already imported (hbmcoll-run sets the variables per rank before start)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    for var in _THREAD_VARS:
+    for var in launch_env.THREAD_VARS:
         os.environ.setdefault(var, str(n))
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):

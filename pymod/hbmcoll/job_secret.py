@@ -137,8 +137,8 @@ class Exchange:
 
     def done(self):
         """Rank 0, once the communicator exists or failed: nothing more to find there."""
-        if self.local_rank == 0 and self.nonce is not None and self._read() is not None \
-                and self._read()[0] == self.nonce:
+        live = self._read() if self.local_rank == 0 and self.nonce is not None else None
+        if live is not None and live[0] == self.nonce:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass
 
 LAUNCHERS = ("hbmcoll-run", "torchrun", "mpiexec", "srun", "single")
+# What sizes a rank's OpenMP/BLAS pools; set from its share of the cores (hbmcoll-run, init()).
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True)

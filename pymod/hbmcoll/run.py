@@ -37,6 +37,17 @@ import subprocess
 import sys
 import time
 
+def _sibling(name):
+    """A standard-library module of this package, loaded by path: this file runs by path too."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        f"_hbmcoll_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+launch_env = _sibling("launch_env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout"}
 PR_SET_PDEATHSIG = 1
@@ -175,7 +186,7 @@ class _Job:
                 break  # told to stop while starting: start no more
             renv = dict(env, HBMCOLL_RANK=str(rank), HBMCOLL_LOCAL_RANK=str(rank),
                         RANK=str(rank), LOCAL_RANK=str(rank))
-            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            for var in launch_env.THREAD_VARS:
                 renv.setdefault(var, str(threads[rank]))
             try:
                 # stdin goes to rank 0 only (as with mpiexec), so ranks do not race for input.
