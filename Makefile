@@ -1,8 +1,9 @@
 # hbmcoll - the two commands of the README do all set-up on a fresh Debian machine:
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
-# Other targets: build, deps, ctest, numa-check, test-emulation, pytest, bench (quick),
-# bench-full, bench-c, bench-c-profile, bench-xcore, docker, docker-test, bench-docker, clean.
+# Other targets: build, deps, lib, install, example-c, ctest, numa-check, test-emulation, pytest,
+# bench (quick), bench-full, bench-c, bench-c-profile, bench-xcore, docker, docker-test,
+# bench-docker, clean.
 
 PYTHON ?= python3
 BUILD := build
@@ -10,8 +11,8 @@ CC ?= cc
 CALLER_PYTHONPATH := $(PYTHONPATH)
 export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-DEBIAN_PKGS := gcc make libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev numactl \
-               mpich libmpich-dev
+DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev \
+               numactl mpich libmpich-dev
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
 .PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore clean
@@ -32,24 +33,27 @@ deps:
 	@$(PYTHON) -c "import mpi4py.MPI" 2>/dev/null || { echo "building mpi4py against Debian's MPICH"; \
 	  $(PYTHON) -m pip install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py; }
 
-# Builds the extension in place (pymod/hbmcoll/_core*.so) and installs the
-# package in editable mode so `hbmcoll-run` and `python3 -m hbmcoll.run` work,
-# outside make too. What the caller's own environment imports must be this
+# Builds libhbmcoll (libcoll/Makefile.inc), then the extension in place
+# (pymod/hbmcoll/_core*.so) linked with it, and installs the package in editable mode so
+# `hbmcoll-run` and `python3 -m hbmcoll.run` work outside make too. What the caller's own environment imports must be this
 # checkout (an editable install of another clone would run that clone's code);
 # hbmcoll:dev reaches it through its PYTHONPATH, so that counts.
-build: deps
-	$(PYTHON) setup.py -q build_ext --inplace
+build: deps lib
+	HBMCOLL_LIB_DIR=$(CURDIR)/build/lib $(PYTHON) setup.py -q build_ext --inplace
 	@HERE="$(CURDIR)/pymod" $(if $(CALLER_PYTHONPATH),PYTHONPATH="$(CALLER_PYTHONPATH)",env -u PYTHONPATH) \
 	  $(PYTHON) -c "import hbmcoll, os, sys; sys.exit(not os.path.realpath(hbmcoll.__file__) \
 	  .startswith(os.path.realpath(os.environ['HERE']) + os.sep))" 2>/dev/null && \
 	  command -v hbmcoll-run >/dev/null || \
 	  { echo "installing hbmcoll from $(CURDIR) (editable)"; \
-	    $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . >/dev/null; }
+	    HBMCOLL_LIB_DIR=$(CURDIR)/build/lib $(PYTHON) -m pip install -q --no-build-isolation --no-deps \
+	      -e . >/dev/null; }
 
 demo: build
 	$(PYTHON) -m hbmcoll.run -n 4 examples/demo.py
 
 include numa/Makefile.inc
+include libcoll/Makefile.inc
+include examples/c/Makefile.inc
 include tests/emulation/Makefile.inc
 -include docker/docker.mk  # absent in hbmcoll:dev, which has no docker/
 -include tests/c/Makefile.inc
@@ -57,7 +61,7 @@ include tests/emulation/Makefile.inc
 pytest: build
 	$(PYTHON) -m pytest -q tests/py bench/tests
 
-test: build ctest numa-check test-emulation pytest
+test: build ctest numa-check example-c test-emulation pytest
 
 bench: build
 	$(PYTHON) -m hbmcoll.bench --quick $(BENCH_ARGS)
@@ -65,13 +69,13 @@ bench: build
 bench-full: build
 	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
 
-# The C path alone (bench/c/coll_bench.c), built with the extension's flags, and its
-# instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.
+# The C path alone (bench/c/coll_bench.c), linked with the library the extension links, and
+# its instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.
 #   make bench-c ARGS="-c allreduce -s 65536"      make bench-c-profile ARGS="-c bcast -s 8 -i 20000"
-build/coll_bench: bench/c/coll_bench.c bench/c/staged_floor.c $(wildcard libcoll/src/*.c libcoll/src/*.h) libcoll/include/coll.h
+build/coll_bench: bench/c/coll_bench.c bench/c/staged_floor.c $(LIB_A)
 	@mkdir -p build
 	gcc -std=c11 -O3 -march=native -g -c bench/c/staged_floor.c -o build/staged_floor.o
-	gcc -std=c11 -O3 -g -D_GNU_SOURCE -Ilibcoll/include -Ilibcoll/src libcoll/src/*.c $< build/staged_floor.o -o $@ -lpthread -lm
+	gcc -std=c11 -O3 -g -D_GNU_SOURCE $(LIB_INC) $< build/staged_floor.o $(LIB_A) -o $@ $(LIB_LIBS)
 
 bench-c: build/coll_bench
 	build/coll_bench $(ARGS)

@@ -1,20 +1,38 @@
-"""Build hbmcoll: the Python package in pymod/hbmcoll and its C extension
-hbmcoll._core, compiled from libcoll/ (collectives), numa/ (placement) and
-pymod/*.c (the CPython binding)."""
+"""Build hbmcoll: the Python package in pymod/hbmcoll and its C extension hbmcoll._core
+(pymod/*.c, the CPython binding), linked with libhbmcoll: the collectives (libcoll/) and
+placement (numa/).
+
+`make build` builds libhbmcoll once (libcoll/Makefile.inc) and passes its folder in
+HBMCOLL_LIB_DIR; a plain `pip install` builds the same static library here first. Either way
+the package carries the library, its headers and a pkg-config file (hbmcoll/lib,
+hbmcoll/include; `python3 -m hbmcoll.clib` prints where), so C programs can link the copy pip
+installed."""
 import glob
 import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"  # also pymod/hbmcoll/__init__.py and the pkg-config file
+HEADERS = ["libcoll/include/coll.h", "numa/include/coll_numa.h"]
+LINK = ["hwloc", "pthread", "m", "dl"]
 
 
 def sources(pattern):
     return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
 
 
-numa_sources = [s for s in sources("numa/*.c") if not s.endswith("_main.c")]
+# the make build's library, or none: then build_clib makes it from the same sources
+LIB_DIR = os.environ.get("HBMCOLL_LIB_DIR", "")
+PREBUILT = os.path.join(LIB_DIR, "libhbmcoll.a") if LIB_DIR else ""
+if PREBUILT and not os.path.exists(PREBUILT):
+    sys.exit(f"hbmcoll: HBMCOLL_LIB_DIR={LIB_DIR} holds no libhbmcoll.a (`make lib` builds it)")
+# warnings are errors in the project's own build only: a newer compiler must not fail an install
+WARN = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"] + (["-Werror"] if PREBUILT else [])
+INCLUDE = ["libcoll/include", "libcoll/src", "numa/include", "numa", "pymod"]
 
 # NumPy's headers give plain arrays a faster way in (pymod/numpy_fast.c); without
 # them at build time the extension uses the buffer protocol for everything.
@@ -26,24 +44,67 @@ except ImportError:
     print("hbmcoll: NumPy is not importable at build time: plain arrays will take the buffer "
           "protocol (slower for small messages)", file=sys.stderr)
 
+lib_sources = sources("libcoll/src/*.c") + [s for s in sources("numa/*.c") if not s.endswith("_main.c")]
+libhbmcoll = ("hbmcoll", {
+    "sources": lib_sources,
+    "include_dirs": INCLUDE,
+    "macros": [("_GNU_SOURCE", "1")],
+    "cflags": ["-std=c11", "-O3", "-g", "-fPIC"] + WARN,
+})
+
 core = Extension(
     "hbmcoll._core",
-    sources=sources("pymod/*.c") + sources("libcoll/src/*.c") + numa_sources,
-    include_dirs=["libcoll/include", "libcoll/src", "numa/include", "numa", "pymod"] + numpy_include,
+    sources=sources("pymod/*.c"),
+    include_dirs=INCLUDE + numpy_include,
     define_macros=[("_GNU_SOURCE", "1")] + numpy_macros,
-    extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror",
-                        "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
-    libraries=["hwloc", "memkind"] if numa_sources else [],
+    extra_compile_args=["-std=c11", "-O3"] + WARN + ["-Wno-cast-function-type"],
+    extra_objects=[PREBUILT] if PREBUILT else [],
+    libraries=LINK,
 )
+
+PC = """prefix=${pcfiledir}/../..
+libdir=${prefix}/lib
+includedir=${prefix}/include
+
+Name: hbmcoll
+Description: Collectives over shared memory for many-core, high-bandwidth-memory nodes (pip)
+Version: %s
+Libs: -L${libdir} -lhbmcoll %s
+Cflags: -I${includedir}
+"""
+
+
+class BuildExt(build_ext):
+    """The extension, then the library, headers and hbmcoll.pc beside it in the package."""
+
+    def run(self):
+        lib = PREBUILT
+        if not lib:  # build it (`setup.py build_ext` alone skips build_clib), and link it first:
+            self.run_command("build_clib")  # a static library must come before what it uses
+            lib = os.path.join(self.get_finalized_command("build_clib").build_clib, "libhbmcoll.a")
+            self.libraries = [n for n in self.libraries if n != "hbmcoll"]
+            core.extra_objects = [lib]
+        super().run()
+        pkg = os.path.dirname(self.get_ext_fullpath("hbmcoll._core"))
+        os.makedirs(os.path.join(pkg, "lib", "pkgconfig"), exist_ok=True)
+        os.makedirs(os.path.join(pkg, "include", "hbmcoll"), exist_ok=True)
+        shutil.copyfile(lib, os.path.join(pkg, "lib", "libhbmcoll.a"))
+        for h in HEADERS:
+            shutil.copyfile(os.path.join(HERE, h), os.path.join(pkg, "include", "hbmcoll", os.path.basename(h)))
+        with open(os.path.join(pkg, "lib", "pkgconfig", "hbmcoll.pc"), "w") as f:
+            f.write(PC % (VERSION, " ".join("-l" + n for n in LINK)))
+
 
 setup(
     name="hbmcoll",
-    version="0.1.0",
+    version=VERSION,
     description="Collectives for Python on many-core, high-bandwidth-memory nodes",
     license="BSD-3-Clause",
     package_dir={"": "pymod"},
     packages=["hbmcoll"],
+    libraries=[] if PREBUILT else [libhbmcoll],
     ext_modules=[core],
+    cmdclass={"build_ext": BuildExt},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},

@@ -2,9 +2,8 @@
  * apply.c - step 3: put the plan in place on this machine.
  *
  * cpubind through hwloc (only on a topology loaded from this machine);
- * mbind/move_pages through raw system calls (no libnuma needed); private
- * scratch buffers through memkind, after pinning, since memkind picks the HBW
- * node from the CPU the caller runs on.
+ * mbind/move_pages through raw system calls (no libnuma needed). Private
+ * scratch buffers are scratch.c's.
  *
  * Every refusal degrades instead of failing: a container without
  * CAP_SYS_NICE (Docker's default seccomp profile) makes mbind return EPERM;
@@ -26,16 +25,15 @@
 #include <unistd.h>
 
 #include <hwloc.h>
-#include <memkind.h>
 #include <numaif.h>
 
-#include "internal.h"
+#include "numa_internal.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 
-#define APPLY_MASK_LONGS 16 /* node OS indices up to 1023 */
+
 #define APPLY_MIB (1024.0 * 1024.0)
 
 static long apply_mbind(void *addr, size_t len, int mode, const unsigned long *mask,
@@ -74,7 +72,7 @@ static int apply_node_index(const coll_numa_ctx_t *ctx, unsigned os_index) {
 
 /* Add (sign > 0) or take off (sign < 0) len bytes strictly bound on the nodes
  * of p to the running totals, spread evenly (a strict bind has one node). */
-static void apply_charge(coll_numa_ctx_t *ctx, const coll_numa_place_t *p, uint64_t len, int sign) {
+void coll__numa_charge(coll_numa_ctx_t *ctx, const coll_numa_place_t *p, uint64_t len, int sign) {
   if (ctx->bound_bytes == NULL || p->nnodes < 1)
     return;
   for (int i = 0; i < p->nnodes; i++) {
@@ -113,8 +111,8 @@ static int apply_capacity_untold(coll_numa_ctx_t *ctx, const coll_numa_place_t *
  * node. A preferred (or interleaved) mapping larger than the free memory is
  * not reported: spilling to DDR is what it is for, and reserved parts that are
  * never touched (arenas) cost nothing. */
-static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_numa_place_t *p,
-                       const char *what, char *notice, size_t notice_len) {
+int coll__numa_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_numa_place_t *p,
+                      const char *what, char *notice, size_t notice_len) {
   char nodes[128], line[512];
   line[0] = '\0';
   if (notice != NULL && notice_len > 0)
@@ -166,12 +164,12 @@ static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_
                  what, (double)len / APPLY_MIB, (double)budget / APPLY_MIB, nodes, already, nodes);
     }
   }
-  unsigned long mask[APPLY_MASK_LONGS];
+  unsigned long mask[COLL_NUMA_MASK_LONGS];
   memset(mask, 0, sizeof(mask));
   for (int i = 0; i < p->nnodes; i++)
-    if (p->nodes[i] < APPLY_MASK_LONGS * 64)
+    if (p->nodes[i] < COLL_NUMA_MASK_LONGS * 64)
       mask[p->nodes[i] / 64] |= 1UL << (p->nodes[i] % 64);
-  if (apply_mbind(addr, len, mode, mask, APPLY_MASK_LONGS * 64 + 1) != 0) {
+  if (apply_mbind(addr, len, mode, mask, COLL_NUMA_MASK_LONGS * 64 + 1) != 0) {
     int e = errno;
     if (e == EPERM || e == ENOSYS || e == EACCES) {
       ctx->mbind_ok = 0;
@@ -184,7 +182,7 @@ static int apply_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_
     mode = MPOL_DEFAULT;
   }
   if (mode == MPOL_BIND)
-    apply_charge(ctx, p, (uint64_t)len, +1);
+    coll__numa_charge(ctx, p, (uint64_t)len, +1);
   if (line[0] != '\0')
     apply_tell(ctx, notice, notice_len, line);
   return mode;
@@ -206,7 +204,7 @@ int coll_numa_place_segment(coll_numa_ctx_t *ctx, void *addr, size_t len, const 
   coll_numa_place_t p;
   int cluster = coll__numa_segment_cluster(ctx->plan, user_ranks, nusers);
   coll__numa_place_for(ctx->topo, ctx->plan, cluster, &p);
-  int mode = apply_place(ctx, addr, len, &p, "segment", notice, notice_len);
+  int mode = coll__numa_place(ctx, addr, len, &p, "segment", notice, notice_len);
   if (mode_p != NULL)
     *mode_p = mode;
   return 0;
@@ -308,12 +306,12 @@ static void apply_probe_mbind(coll_numa_ctx_t *ctx) {
   if (p == MAP_FAILED)
     return;
   const coll_numa_place_t *pl = &ctx->plan->ranks[ctx->local_rank].buf;
-  unsigned long mask[APPLY_MASK_LONGS];
+  unsigned long mask[COLL_NUMA_MASK_LONGS];
   memset(mask, 0, sizeof(mask));
   for (int i = 0; i < pl->nnodes; i++)
-    if (pl->nodes[i] < APPLY_MASK_LONGS * 64)
+    if (pl->nodes[i] < COLL_NUMA_MASK_LONGS * 64)
       mask[pl->nodes[i] / 64] |= 1UL << (pl->nodes[i] % 64);
-  if (apply_mbind(p, (size_t)page, MPOL_PREFERRED, mask, APPLY_MASK_LONGS * 64 + 1) != 0) {
+  if (apply_mbind(p, (size_t)page, MPOL_PREFERRED, mask, COLL_NUMA_MASK_LONGS * 64 + 1) != 0) {
     int e = errno;
     ctx->mbind_ok = 0;
     ctx->mbind_refusal_told = 1;
@@ -323,20 +321,6 @@ static void apply_probe_mbind(coll_numa_ctx_t *ctx) {
                        strerror(e));
   }
   munmap(p, (size_t)page);
-}
-
-static memkind_t apply_scratch_kind(coll_numa_ctx_t *ctx) {
-  memkind_t kind;
-  switch (ctx->plan->effective) {
-  case COLL_NUMA_MEM_HBM_INTERLEAVE: kind = MEMKIND_HBW_INTERLEAVE; break;
-  case COLL_NUMA_MEM_HBM_BIND: /* never strict for scratch: an overflow is an OOM kill */
-  case COLL_NUMA_MEM_HBM_PREFERRED: kind = MEMKIND_HBW_PREFERRED; break;
-  default: return MEMKIND_DEFAULT;
-  }
-  /* memkind would look at this machine, not at a foreign topology */
-  if (!ctx->mbind_ok || !ctx->topo->thissystem)
-    return NULL;
-  return memkind_check_available(kind) == MEMKIND_SUCCESS ? kind : NULL;
 }
 
 /* the one-line summary printed once per job */
@@ -396,8 +380,6 @@ int coll_numa_setup_policy(int local_rank, int local_size, const coll_numa_polic
   if ((rc = apply_cpubind(ctx)) != 0)
     goto out_ctx;
   apply_probe_mbind(ctx);
-  /* after pinning: memkind looks at the CPU we run on */
-  ctx->scratch_kind_ = apply_scratch_kind(ctx);
   apply_summary(ctx);
   *ctx_p = ctx;
   return 0;
@@ -409,53 +391,6 @@ out_ctx:
 
 int coll_numa_setup(int local_rank, int local_size, coll_numa_ctx_t **ctx_p) {
   return coll_numa_setup_policy(local_rank, local_size, NULL, ctx_p);
-}
-
-static size_t apply_round_page(size_t size) {
-  size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  return (size + page - 1) / page * page;
-}
-
-int coll_numa_scratch_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p) {
-  if (ctx == NULL || size == 0 || ptr_p == NULL)
-    return -EINVAL;
-  void *p = NULL;
-  if (ctx->scratch_kind_ != NULL) {
-    int rc = memkind_posix_memalign((memkind_t)ctx->scratch_kind_, &p, 64, size);
-    if (rc == 0 && p != NULL) {
-      *ptr_p = p;
-      return 0;
-    }
-    /* translate: memkind_posix_memalign returns a positive errno, or one of
-     * its own negative MEMKIND_ERROR_* codes (all allocation failures) */
-    return rc > 0 ? -rc : -ENOMEM;
-  }
-  size_t len = apply_round_page(size);
-  p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return -errno;
-  apply_place(ctx, p, len, &ctx->plan->ranks[ctx->local_rank].buf, "scratch buffer", NULL, 0);
-  *ptr_p = p;
-  return 0;
-}
-
-void coll_numa_scratch_free(coll_numa_ctx_t *ctx, void *ptr, size_t size) {
-  if (ctx == NULL || ptr == NULL)
-    return;
-  if (ctx->scratch_kind_ != NULL) {
-    memkind_free((memkind_t)ctx->scratch_kind_, ptr);
-    return;
-  }
-  size_t len = apply_round_page(size);
-  if (ctx->plan->effective == COLL_NUMA_MEM_HBM_BIND) { /* it may count in the strict total */
-    int mode = -1;
-    unsigned long mask[APPLY_MASK_LONGS];
-    if (syscall(SYS_get_mempolicy, &mode, mask, (unsigned long)(APPLY_MASK_LONGS * 64), ptr,
-                (unsigned long)MPOL_F_ADDR) == 0 &&
-        mode == MPOL_BIND)
-      apply_charge(ctx, &ctx->plan->ranks[ctx->local_rank].buf, (uint64_t)len, -1);
-  }
-  munmap(ptr, len);
 }
 
 void coll_numa_free(coll_numa_ctx_t *ctx) {

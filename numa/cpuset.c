@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "numa_internal.h"
 
 /* Add cores [first, first+n) of cluster k to the rank's CPU set. */
 static int plan_add_cores(coll_numa_rank_t *rk, const coll_numa_cluster_t *k, int first, int n) {

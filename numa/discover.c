@@ -29,7 +29,7 @@
 
 #include <hwloc.h>
 
-#include "internal.h"
+#include "numa_internal.h"
 
 static int discover_errno(void) {
   return errno > 0 ? -errno : -EIO;

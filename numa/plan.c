@@ -38,7 +38,7 @@
 
 #include <numaif.h>
 
-#include "internal.h"
+#include "numa_internal.h"
 
 void coll__numa_addnote(char *notes, size_t cap, const char *fmt, ...) {
   size_t len = strlen(notes);

@@ -11,7 +11,7 @@
 
 #include <numaif.h>
 
-#include "internal.h"
+#include "numa_internal.h"
 
 void coll__numa_str_add(coll_numa_str_t *s, const char *fmt, ...) {
   if (s->oom)

@@ -10,7 +10,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 int coll__allgather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);

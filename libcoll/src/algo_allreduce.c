@@ -56,7 +56,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 /* AR_FLAT_FIRST: flat whose first round may hand over to rsag (top); its own id, so that a rank
  * forced to plain flat and one choosing never pair up (their descriptors then disagree). */

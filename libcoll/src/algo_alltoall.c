@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 int coll__alltoall(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);

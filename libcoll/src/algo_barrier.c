@@ -4,7 +4,7 @@
  * Fine up to a few dozen ranks; a tree would cut the P^2 line transfers on a
  * 64-core KNL (not built yet).
  */
-#include "internal.h"
+#include "coll_internal.h"
 
 int coll__barrier(coll_comm_t *c, const coll_args_t *a) {
   uint64_t t0 = coll__begin(c, a, 0, 0);

@@ -22,7 +22,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 enum { BC_EAGER = 1, BC_PIPELINED = 2 };
 

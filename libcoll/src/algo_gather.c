@@ -23,7 +23,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 enum { GA_EAGER = 1, GA_PIPELINED = 2, GA_SINGLE_COPY = 3 };
 

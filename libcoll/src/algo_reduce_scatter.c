@@ -8,8 +8,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
-#include "reduce.h"
+#include "coll_internal.h"
 
 int coll__reduce_scatter(coll_comm_t *c, const coll_args_t *a) {
   size_t es = coll_dtype_size(a->dtype);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 static int al_overlap(const uint8_t *a, size_t na, const uint8_t *b, size_t nb) {
   return na && nb && a < b + nb && b < a + na;

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 typedef struct arena_block {
   size_t off, len; /* free: the block; used: off = user offset, len = pad + rounded size */

@@ -35,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434

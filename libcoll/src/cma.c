@@ -35,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 void coll__cma_publish_probe(coll_comm_t *c) {
   struct timespec ts;

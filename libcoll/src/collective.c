@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 uint64_t coll__begin(coll_comm_t *c, const coll_args_t *a, uint64_t send_off, uint64_t recv_off) {
   return coll__begin_algo(c, a, 0, send_off, recv_off);

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 #define COMM_PAGE 4096
 #define COMM_ALIGN(x, a) (((x) + (a)-1) & ~(size_t)((a)-1))

@@ -31,7 +31,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 static const char *const param_algos[COLL_KIND_COUNT][3] = {
     [COLL_BARRIER] = {"flat", NULL},

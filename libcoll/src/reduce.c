@@ -33,9 +33,9 @@
  * Integer SUM/PROD wrap around (computed in the unsigned type: no signed
  * overflow UB). AVG is SUM followed by a division by `divisor`; for integers
  * that is the truncating division of the wrapped sum, so an algorithm that
- * sums piecewise and calls coll__reduce_avg_finish gets the same answer.
+ * sums piecewise and then divides with a one-input AVG gets the same answer.
  */
-#include "reduce.h"
+#include "coll.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -471,12 +471,4 @@ int coll_reduce_local(coll_dtype_t dtype, coll_op_t op, void *out, const void *c
     kernel = reduce_float16_kernel();
   kernel(op, out, inputs, ninputs, count, divisor);
   return 0;
-}
-
-/* AVG with a single input is exactly "load, divide, store" in place, with
- * the same conversions and rounding as a one-shot AVG. */
-int coll__reduce_avg_finish(coll_dtype_t dtype, void *buf, size_t count, size_t divisor)
-{
-  const void *inputs[1] = {buf};
-  return coll_reduce_local(dtype, COLL_AVG, buf, inputs, 1, count, divisor);
 }

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 struct coll_req {
   coll__worker_t *worker;

@@ -31,7 +31,7 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
-#include "internal.h"
+#include "coll_internal.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "coll_internal.h"
 
 #define SYNC_SLICE_MS 10     /* futex sleep slice */
 #define SYNC_CHECK_S 0.02    /* peer/interrupt/deadline checks in the slow path */

@@ -7,7 +7,7 @@
  * (double, ldexp/rint based) code, so a shared bug in the bit tricks cannot
  * hide. Then fixed cases: integer wraparound, AVG truncation, float16 and
  * bfloat16 rounding and NaN, MIN/MAX NaN rules, exhaustive float16/bfloat16
- * round trips, coll__reduce_avg_finish, names, and the error returns.
+ * round trips, a piecewise AVG finished in place, names, and the error returns.
  *
  * Prints failures to stderr and a last line "N passed, N failed"; exits 1 on
  * any failure.
@@ -19,7 +19,6 @@
 #include <string.h>
 
 #include "coll.h"
-#include "reduce.h"
 
 static unsigned long test_passed, test_failed;
 
@@ -621,7 +620,14 @@ static void test_half_exhaustive(void)
   free(want);
 }
 
-/* coll__reduce_avg_finish: divide a stored sum in place. */
+/* Divide a sum made piecewise in place: AVG with one input, as an algorithm that sums in
+ * pieces would finish it. */
+static int avg_finish(coll_dtype_t dtype, void *buf, size_t count, size_t divisor)
+{
+  const void *inputs[1] = {buf};
+  return coll_reduce_local(dtype, COLL_AVG, buf, inputs, 1, count, divisor);
+}
+
 static void test_avg_finish(void)
 {
   static const size_t counts[] = {0, 1, 7, 4099};
@@ -635,7 +641,7 @@ static void test_avg_finish(void)
       fill_random(t, buf, count);
       const void *in[1] = {buf};
       ref_reduce(t, COLL_AVG, want, in, 1, count, 7);
-      int rc = coll__reduce_avg_finish(t, buf, count, 7);
+      int rc = avg_finish(t, buf, count, 7);
       CHECK(rc == 0 && (count ? first_diff(t, buf, want, count) == count
                               : ((unsigned char *)buf)[0] == 0x77),
             "avg_finish %s count %zu: rc %d", coll_dtype_name(t), count, rc);
@@ -647,16 +653,16 @@ static void test_avg_finish(void)
   int32_t x[3] = {-7, 100, -2147483647}, y[3] = {0, 3, -2}, sum[3], one[3];
   const void *in[2] = {x, y};
   CHECK(coll_reduce_local(COLL_INT32, COLL_SUM, sum, in, 2, 3, 0) == 0 &&
-            coll__reduce_avg_finish(COLL_INT32, sum, 3, 2) == 0 &&
+            avg_finish(COLL_INT32, sum, 3, 2) == 0 &&
             coll_reduce_local(COLL_INT32, COLL_AVG, one, in, 2, 3, 2) == 0 &&
             memcmp(sum, one, sizeof sum) == 0 && sum[0] == -3 && sum[1] == 51 &&
             sum[2] == 1073741823,
         "int32 piecewise avg");
   float f = 1.0f;
-  CHECK(coll__reduce_avg_finish(COLL_FLOAT32, &f, 1, 0) == COLL_EBADARG, "finish divisor 0");
-  CHECK(coll__reduce_avg_finish(COLL_DTYPE_COUNT, &f, 1, 2) == COLL_EBADARG, "finish dtype");
-  CHECK(coll__reduce_avg_finish(COLL_FLOAT32, NULL, 1, 2) == COLL_EBADARG, "finish NULL");
-  CHECK(coll__reduce_avg_finish(COLL_FLOAT32, NULL, 0, 2) == 0, "finish NULL count 0");
+  CHECK(avg_finish(COLL_FLOAT32, &f, 1, 0) == COLL_EBADARG, "finish divisor 0");
+  CHECK(avg_finish(COLL_DTYPE_COUNT, &f, 1, 2) == COLL_EBADARG, "finish dtype");
+  CHECK(avg_finish(COLL_FLOAT32, NULL, 1, 2) == COLL_EBADARG, "finish NULL");
+  CHECK(avg_finish(COLL_FLOAT32, NULL, 0, 2) == 0, "finish NULL count 0");
   CHECK(f == 1.0f, "finish errors touched the buffer");
 }
 

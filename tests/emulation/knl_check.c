@@ -41,7 +41,7 @@
 
 #include "coll.h"
 #include "coll_numa.h"
-#include "internal.h" /* libcoll/src: segment layout (base, ctl_off, arena_off) for the page checks */
+#include "coll_internal.h" /* libcoll/src: segment layout (base, ctl_off, arena_off) for the page checks */
 
 #define MAXNODES 64
 #define MAXCPUS 1024

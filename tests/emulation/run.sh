@@ -96,9 +96,8 @@ say "kernel $kernel"
 # ---- 3. knl_check ---------------------------------------------------------------------
 if [ ! -x "$check" ]; then
   say "building $check"
-  gcc -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -Ilibcoll/include -Ilibcoll/src -Inuma/include \
-    -Inuma libcoll/src/*.c numa/discover.c numa/plan.c numa/apply.c numa/report.c \
-    tests/emulation/knl_check.c -lhwloc -lmemkind -lpthread -lm -o "$check" || { say "FAIL: build"; exit 1; }
+  make -s build/emulation/knl_check || { say "FAIL: build"; exit 1; }
+  [ "$check" = build/emulation/knl_check ] || cp build/emulation/knl_check "$check"
 fi
 
 # ---- 4. initramfs: busybox + knl_check and its libraries ------------------------------

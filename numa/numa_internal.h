@@ -115,7 +115,8 @@ struct coll_numa_ctx {
    * node was reported already (said once per node) */
   uint64_t *bound_bytes;
   unsigned char *capacity_told;
-  void *scratch_kind_;   /* memkind_t for scratch buffers, NULL: mmap + mbind */
+  int scratch_way_;      /* scratch.c: 0 not chosen yet, 1 memkind, 2 mmap + mbind, 3 mmap */
+  void *scratch_kind_;   /* with 1: the memkind_t */
   char notice[512];
   char notes[COLL_NUMA_NOTES_MAX]; /* every fallback so far, lines */
 };
@@ -135,6 +136,14 @@ typedef struct {
   int oom;
 } coll_numa_str_t;
 void coll__numa_str_add(coll_numa_str_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* apply.c: put `len` bytes at addr under placement p (what: "segment", ...; a fallback
+ * is said in notice and the notes); the MPOL_* mode used. coll__numa_charge: count
+ * (sign +1) or release (-1) bytes strictly bound to p's nodes for hbm_bind. */
+int coll__numa_place(coll_numa_ctx_t *ctx, void *addr, size_t len, const coll_numa_place_t *p,
+                     const char *what, char *notice, size_t notice_len);
+void coll__numa_charge(coll_numa_ctx_t *ctx, const coll_numa_place_t *p, uint64_t len, int sign);
+#define COLL_NUMA_MASK_LONGS 16 /* node OS indices up to 1023 */
 
 /* discover.c */
 uint64_t coll__numa_node_free_now(unsigned os_index); /* from /sys, 0: unknown */
