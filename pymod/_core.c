@@ -1,7 +1,7 @@
 /*
- * _core.c - the hbmcoll._core extension: module state with the exception
- * types, the Comm type wrapping a libcoll communicator, and the one function
- * that maps libcoll codes to Python exceptions (multi-phase init, heap types).
+ * _core.c - the hbmcoll._core extension: module state, and the Comm type wrapping a
+ * libcoll communicator (multi-phase init, heap types). Codes become exceptions in
+ * errors.c.
  *
  * GIL rule: buffers are acquired and arguments checked with the GIL held;
  * every call that can block runs between Py_BEGIN/END_ALLOW_THREADS and
@@ -16,33 +16,6 @@
 #include <unistd.h>
 
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
-
-PyObject *hb_raise(hb_state_t *st, int code, const char *text) {
-  const char *msg = (text && *text) ? text : coll_strerror(code);
-  switch (code) {
-  case COLL_EMISMATCH: PyErr_SetString(st->MismatchError, msg); break;
-  case COLL_EPEERLOST: PyErr_SetString(st->PeerLostError, msg); break;
-  case COLL_EBADARG: PyErr_SetString(PyExc_ValueError, msg); break;
-  case -ENOMEM: PyErr_SetString(PyExc_MemoryError, msg); break;
-  case -ETIMEDOUT: PyErr_SetString(st->TimeoutError, msg); break;
-  default:
-    if (code < 0 && code > -4096) {
-      PyObject *args = Py_BuildValue("(is)", -code, msg);
-      if (args) PyErr_SetObject(PyExc_OSError, args);
-      Py_XDECREF(args);
-    } else {
-      PyObject *exc = PyObject_CallFunction(st->Error, "s", msg);
-      if (exc) {
-        PyObject *c = PyLong_FromLong(code);
-        if (c) PyObject_SetAttrString(exc, "code", c);
-        Py_XDECREF(c);
-        PyErr_SetObject(st->Error, exc);
-        Py_DECREF(exc);
-      }
-    }
-  }
-  return NULL;
-}
 
 /* Called by libcoll from long waits in the caller's thread. */
 static int hb_interrupt(void *arg) {
@@ -512,23 +485,7 @@ static int hb_exec(PyObject *m) {
   hb_state_t *st = hb_state_of(m);
   /* 0 when the build had no NumPy headers (setup.py says so); tests check it is 1 */
   if (PyModule_AddIntConstant(m, "NUMPY_SHORTCUT", hb_np_init()) < 0) return -1;
-  st->Error = PyErr_NewExceptionWithDoc("hbmcoll.Error", "A collective failed.", PyExc_RuntimeError, NULL);
-  if (st->Error == NULL) return -1;
-  st->MismatchError = PyErr_NewExceptionWithDoc(
-      "hbmcoll.MismatchError", "Ranks disagree on count, dtype, op, root or collective.", st->Error, NULL);
-  st->PeerLostError = PyErr_NewExceptionWithDoc("hbmcoll.PeerLostError",
-                                                "A rank died or left the communicator.", st->Error, NULL);
-  PyObject *bases = Py_BuildValue("(OO)", st->Error, PyExc_TimeoutError);
-  if (bases == NULL) return -1;
-  st->TimeoutError = PyErr_NewExceptionWithDoc("hbmcoll.TimeoutError",
-                                               "A wait ran past HBMCOLL_TIMEOUT.", bases, NULL);
-  Py_DECREF(bases);
-  if (!st->MismatchError || !st->PeerLostError || !st->TimeoutError) return -1;
-  if (PyModule_AddObjectRef(m, "Error", st->Error) < 0 ||
-      PyModule_AddObjectRef(m, "MismatchError", st->MismatchError) < 0 ||
-      PyModule_AddObjectRef(m, "PeerLostError", st->PeerLostError) < 0 ||
-      PyModule_AddObjectRef(m, "TimeoutError", st->TimeoutError) < 0)
-    return -1;
+  if (hb_errors_init(st, m) < 0) return -1;
   st->CommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &comm_spec, NULL);
   st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
@@ -549,10 +506,7 @@ static int hb_exec(PyObject *m) {
 
 static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   hb_state_t *st = hb_state_of(m);
-  Py_VISIT(st->Error);
-  Py_VISIT(st->MismatchError);
-  Py_VISIT(st->PeerLostError);
-  Py_VISIT(st->TimeoutError);
+  Py_VISIT(st->from_code);
   Py_VISIT(st->CommType);
   Py_VISIT(st->RequestType);
   Py_VISIT(st->ArenaBufferType);
@@ -562,10 +516,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
 
 static int hb_clear(PyObject *m) {
   hb_state_t *st = hb_state_of(m);
-  Py_CLEAR(st->Error);
-  Py_CLEAR(st->MismatchError);
-  Py_CLEAR(st->PeerLostError);
-  Py_CLEAR(st->TimeoutError);
+  Py_CLEAR(st->from_code);
   Py_CLEAR(st->CommType);
   Py_CLEAR(st->RequestType);
   Py_CLEAR(st->ArenaBufferType);

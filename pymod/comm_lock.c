@@ -62,7 +62,7 @@ int hb_comm_lock(hb_comm_t *self) {
   }
   if (self->comm == NULL) { /* closed, maybe while I waited */
     if (got) hb_comm_unlock(self);
-    PyErr_SetString(self->state->Error, "the communicator is closed");
+    hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
     return -1;
   }
   return 0;

@@ -10,7 +10,7 @@
 #include "coll.h"
 
 typedef struct {
-  PyObject *Error, *MismatchError, *PeerLostError, *TimeoutError;
+  PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
   PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType;
 } hb_state_t;
 
@@ -48,7 +48,9 @@ void hb_buf_release(hb_buf_t *b);
 int hb_np_init(void); /* 1: plain NumPy arrays take the shortcut (numpy_fast.c) */
 int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
 
-/* _core.c */
+/* errors.c: raise the hbmcoll.errors exception of a libcoll code (text NULL: the code's own);
+ * returns NULL */
+int hb_errors_init(hb_state_t *st, PyObject *module);
 PyObject *hb_raise(hb_state_t *st, int code, const char *text);
 /* comm_lock.c */
 void hb_comm_lock_init(hb_comm_t *self);

@@ -7,6 +7,9 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "coll_numa.h"
 
@@ -16,16 +19,16 @@ typedef struct {
   int local_rank;
 } hb_placement_t;
 
-static PyObject *placement_error(int rc, const char *what) {
+/* -EINVAL: a setting no plan can follow (HBMCOLL_MEMORY, HBMCOLL_BIND, HBMCOLL_HBM_NODES or
+ * the arguments); else what the system said. */
+static PyObject *placement_error(hb_state_t *st, int rc, const char *what) {
+  char text[256];
   if (rc == -EINVAL)
-    return PyErr_Format(PyExc_ValueError,
-                        "%s: invalid placement setting (HBMCOLL_MEMORY, HBMCOLL_BIND, "
-                        "HBMCOLL_HBM_NODES or the arguments)", what);
-  if (rc == -ENOMEM) return PyErr_NoMemory();
-  PyObject *args = Py_BuildValue("(is)", -rc, what);
-  if (args) PyErr_SetObject(PyExc_OSError, args);
-  Py_XDECREF(args);
-  return NULL;
+    snprintf(text, sizeof text, "%s: invalid placement setting (HBMCOLL_MEMORY, HBMCOLL_BIND, "
+             "HBMCOLL_HBM_NODES or the arguments)", what);
+  else
+    snprintf(text, sizeof text, "%s: %s", what, coll_strerror(rc));
+  return hb_raise(st, rc, text);
 }
 
 static PyObject *placement_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -37,7 +40,7 @@ static PyObject *placement_new(PyTypeObject *type, PyObject *args, PyObject *kw)
   Py_BEGIN_ALLOW_THREADS
   rc = coll_numa_setup(local_rank, local_size, &ctx);
   Py_END_ALLOW_THREADS
-  if (rc) return placement_error(rc, "placement setup");
+  if (rc) return placement_error(PyType_GetModuleState(type), rc, "placement setup");
   hb_placement_t *self = (hb_placement_t *)type->tp_alloc(type, 0);
   if (self == NULL) {
     coll_numa_free(ctx);
@@ -60,7 +63,7 @@ static PyObject *placement_report(hb_placement_t *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "|p", &json)) return NULL;
   char *text = NULL;
   int rc = coll_numa_ctx_report(self->ctx, json, &text);
-  if (rc) return placement_error(rc, "placement report");
+  if (rc) return placement_error(PyType_GetModuleState(Py_TYPE(self)), rc, "placement report");
   PyObject *s = PyUnicode_FromString(text);
   free(text);
   return s;
@@ -83,10 +86,18 @@ static PyObject *placement_threads(hb_placement_t *self, void *c) {
   return PyLong_FromLong(coll_numa_rank_threads(self->ctx, self->local_rank));
 }
 
-/* The coll_place_fn handed to libcoll: runs in C, no Python. */
+/* The coll_place_fn handed to libcoll: runs in C, no Python. A fallback (an hbm_bind that
+ * does not fit, mbind refused: said once per node and context) is printed, as the setup's
+ * notice is, unless HBMCOLL_QUIET is set; topology() lists it too. */
 int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks, int n) {
-  char notice[256];
-  return coll_numa_place_segment(arg, addr, len, local_ranks, n, notice, sizeof notice, NULL);
+  char notice[512], line[540];
+  int rc = coll_numa_place_segment(arg, addr, len, local_ranks, n, notice, sizeof notice, NULL);
+  if (rc == 0 && notice[0] && !getenv("HBMCOLL_QUIET")) {
+    int k = snprintf(line, sizeof line, "hbmcoll: %s\n", notice);
+    if (k > 0 && write(2, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1) < 0)
+      return rc; /* nowhere to say it */
+  }
+  return rc;
 }
 
 void *hb_placement_ctx(PyObject *obj) { return ((hb_placement_t *)obj)->ctx; }
@@ -112,7 +123,6 @@ PyType_Spec hb_placement_spec = {"hbmcoll._core.Placement", sizeof(hb_placement_
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, placement_slots};
 
 PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw) {
-  (void)module;
   static char *names[] = {"topology", "ranks", "memory", "bind", "json", NULL};
   const char *path = NULL, *memory = NULL, *bind = NULL;
   int ranks = 0, json = 1;
@@ -123,8 +133,12 @@ PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   rc = coll_numa_report(path, ranks, memory, bind, json, &text);
   Py_END_ALLOW_THREADS
-  if (rc == -ENOENT) return PyErr_Format(PyExc_FileNotFoundError, "no topology at %s", path);
-  if (rc) return placement_error(rc, path ? path : "this machine");
+  if (rc == -ENOENT) {
+    char text[512];
+    snprintf(text, sizeof text, "no topology at %s", path);
+    return hb_raise(PyModule_GetState(module), rc, text);
+  }
+  if (rc) return placement_error(PyModule_GetState(module), rc, path ? path : "this machine");
   PyObject *s = PyUnicode_FromString(text);
   free(text);
   return s;

@@ -8,6 +8,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <time.h>
 
 typedef struct {
@@ -95,8 +96,11 @@ static PyObject *request_wait(hb_request_t *r, PyObject *args, PyObject *kw) {
       break;
     }
     if (PyErr_CheckSignals() < 0) return NULL;
-    if (timeout >= 0 && request_now() >= deadline)
-      return PyErr_Format(r->comm->state->TimeoutError, "the request did not complete within %g s", timeout);
+    if (timeout >= 0 && request_now() >= deadline) {
+      char text[96];
+      snprintf(text, sizeof text, "the request did not complete within %g s", timeout);
+      return hb_raise(r->comm->state, -ETIMEDOUT, text);
+    }
   }
   return request_result(r);
 }

@@ -56,7 +56,8 @@
  */
 #include <string.h>
 
-#include "coll_internal.h"
+#include "algorithms.h"
+#include "round.h"
 
 /* AR_FLAT_FIRST: flat whose first round may hand over to rsag (top); its own id, so that a rank
  * forced to plain flat and one choosing never pair up (their descriptors then disagree). */
@@ -78,14 +79,14 @@ static int ar_overlap(const void *a, const void *b, size_t n) {
  * (recv_off, published only then): rsag, which then reads and writes them in place. */
 static int ar_any_arena(coll_comm_t *c) {
   for (int q = 0; q < c->size; q++)
-    if (coll__desc(c, q)->recv_off) return 1;
+    if (coll__peer_desc(c, q)->recv_off) return 1;
   return 0;
 }
 
 /* spec: allreduce with 2 ranks in auto mode; the first round may hand over to rsag (top). */
 static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
-  size_t CE = c->hdr->slot_bytes / es;
+  size_t CE = coll__slot_bytes(c) / es;
   uint64_t K = a->count ? coll__div_up(a->count, CE) : 1;
   int me = c->rank, P = c->size, rc;
   int all = a->kind == COLL_ALLREDUCE, want = all || me == a->root;
@@ -100,32 +101,29 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
   const void *in[P];
 
-  uint64_t t0 = coll__begin_algo(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
+  uint64_t t0 = coll__round_begin(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
-    int p = (int)(t & 1), stage = !zoff && !to_rsag; /* to_rsag: k = 0 is the last round */
-    if (stage) {
-      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-      if (n) memcpy(coll__slot(c, me, p), send + off * es, n * es);
+    if (!zoff && !to_rsag) { /* to_rsag: k = 0 is the last round */
+      if ((rc = coll__post(c, t, send + off * es, n * es, reader)) != 0) return rc;
+    } else {
+      coll__publish(c, t);
     }
-    coll__publish_arrive(c, t);
-    if (stage) coll__slot_release(c, p, t, reader);
     if (!want) { /* compare with the root at t0: it may not think it is the root */
       if (k == 0 && (rc = coll__meet(c, a->root, t0)) != 0) return rc;
       continue;
     }
-    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
+    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
     if (k == 0 && spec && ar_any_arena(c)) { /* all see the same descriptors */
-      c->round = t0;
-      c->extra_seq++; /* error messages count calls, not descriptors */
+      coll__round_handover(c, t0);
       return ar_rsag(c, a);
     }
     int any_zc = 0;
     for (int q = 0; q < P; q++) {
-      uint64_t qoff = coll__desc(c, q)->send_off;
-      in[q] = qoff ? c->base + qoff + off * es : coll__slot(c, q, p);
+      uint64_t qoff = coll__peer_desc(c, q)->send_off;
+      in[q] = qoff ? coll__shared(c, qoff) + off * es : coll__peer_slot(c, q, t);
       any_zc |= qoff != 0;
     }
     /* my own part from my input, not from the slot my peers are reading (64 KiB, 2 ranks:
@@ -136,25 +134,25 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
      * every arrival); an explicit `done` is for the root's readers in reduce
      * and for ranks whose arena input I read (they wait for it). Skipping it
      * spares the peers one more transfer of the line they poll. */
-    if (!all || any_zc) coll__publish_done(c, t);
+    if (!all || any_zc) coll__finish(c, t);
   }
   uint64_t last = t0 + K - 1;
-  c->round = last;
+  coll__round_end(c, last);
   if (!want) { /* learn the root's verdict; it may still read my input */
-    if ((rc = coll__wait_done(c, a->root, last)) != 0) return rc;
+    if ((rc = coll__wait_finished(c, a->root, last)) != 0) return rc;
     return coll__validate(c, a->root);
   }
   /* peers read my arena input only in allreduce; in reduce only the root reads
    * (itself), and the others publish no `done` for it: waiting would block the
    * root until they start their next collective on this communicator */
-  return zoff && all ? coll__wait_all_done(c, last) : 0;
+  return zoff && all ? coll__wait_all_finished(c, last) : 0;
 }
 
 enum { AR_PUSH_BLOCK = 4096 }; /* bytes of scratch: stays in L1 between reduce and copies */
 
 static int ar_all_in_arena(coll_comm_t *c) {
   for (int q = 0; q < c->size; q++)
-    if (!coll__desc(c, q)->send_off || !coll__desc(c, q)->recv_off) return 0;
+    if (!coll__peer_desc(c, q)->send_off || !coll__peer_desc(c, q)->recv_off) return 0;
   return 1;
 }
 
@@ -166,22 +164,22 @@ static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
   const void *blk[P];
   for (size_t i = lo; i < hi; i += BE) {
     size_t n = coll__min(BE, hi - i);
-    for (int q = 0; q < P; q++) blk[q] = c->base + coll__desc(c, q)->send_off + i * es;
+    for (int q = 0; q < P; q++) blk[q] = coll__shared(c, coll__peer_desc(c, q)->send_off) + i * es;
     coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, n, (size_t)P);
     for (int k = 0; k < P; k++) { /* mine, then the next ranks: staggered, not all into rank 0 at once */
       int q = (me + k) % P;
-      coll__copy_stream(c->base + coll__desc(c, q)->recv_off + i * es, scratch, n * es);
+      coll__copy_stream(coll__shared(c, coll__peer_desc(c, q)->recv_off) + i * es, scratch, n * es);
     }
   }
   coll__stream_fence(); /* the streamed results before the flag that says so */
-  coll__publish_done(c, t0);
-  c->round = t0;
-  return coll__wait_all_done(c, t0); /* every slice of my output is written */
+  coll__finish(c, t0);
+  coll__round_end(c, t0);
+  return coll__wait_all_finished(c, t0); /* every slice of my output is written */
 }
 
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
   size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
-  size_t CE = c->hdr->slot_bytes / es;
+  size_t CE = coll__slot_bytes(c) / es;
   uint64_t K = coll__div_up(a->count, CE);
   int me = c->rank, P = c->size, rc;
   int all = a->kind == COLL_ALLREDUCE, want = all || me == a->root;
@@ -194,52 +192,51 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     if (!soff || !roff) soff = roff = 0; /* send == recv or apart (aliasing.c) */
   }
   int zc = soff != 0;
-  int stream = nbytes >= c->hdr->stream_min; /* the copy-out writes my output once */
+  int stream = nbytes >= coll__stream_min(c); /* the copy-out writes my output once */
   const void *in[P];
 
-  uint64_t t0 = coll__begin_algo(c, a, AR_RSAG, soff, roff);
+  uint64_t t0 = coll__round_begin(c, a, AR_RSAG, soff, roff);
   for (uint64_t k = 0; k <= K; k++) {
     uint64_t t = t0 + k;
-    int p = (int)(t & 1);
     size_t off = k * CE, n = k < K ? coll__min(CE, a->count - off) : 0;
     size_t mlo = ar_slice(me, P, n), mhi = ar_slice(me + 1, P, n);
+    uint8_t *slot = NULL;
     if (k < K && !zc) { /* stage what peers reduce: all but my own slice */
-      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-      uint8_t *slot = coll__slot(c, me, p);
+      if ((rc = coll__stage(c, t, &slot)) != 0) return rc;
       memcpy(slot, send + off * es, mlo * es);
       memcpy(slot + mhi * es, send + (off + mhi) * es, (n - mhi) * es);
+      coll__publish_staged(c, t, -1, t + 1); /* the result slice is read one round later */
+    } else {
+      coll__publish(c, t);
     }
-    coll__publish_arrive(c, t);
-    if (k < K && !zc) coll__slot_release(c, p, t + 1, -1);
-    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
+    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
     if (k == 0 && zc && stream && ar_all_in_arena(c)) return ar_push(c, a, t0);
     if (k < K) { /* reduce my slice of chunk k; my own part straight from send */
       for (int q = 0; q < P; q++) {
-        uint64_t qoff = coll__desc(c, q)->send_off;
-        in[q] = (qoff ? c->base + qoff + off * es : coll__slot(c, q, p)) + mlo * es;
+        uint64_t qoff = coll__peer_desc(c, q)->send_off;
+        in[q] = (qoff ? coll__shared(c, qoff) + off * es : coll__peer_slot(c, q, t)) + mlo * es;
       }
       if (!zc) in[me] = send + (off + mlo) * es;
-      uint8_t *out = zc ? recv + (off + mlo) * es : coll__slot(c, me, p) + mlo * es;
+      uint8_t *out = zc ? recv + (off + mlo) * es : slot + mlo * es;
       if (mhi > mlo) coll_reduce_local(a->dtype, a->op, out, in, (size_t)P, mhi - mlo, (size_t)P);
     }
     if (k >= 1 && want) { /* gather the result slices of chunk k-1 */
-      int pj = (int)((t - 1) & 1);
       size_t offj = (k - 1) * CE, nj = coll__min(CE, a->count - offj);
       for (int q = 0; q < P; q++) {
         size_t lo = ar_slice(q, P, nj), hi = ar_slice(q + 1, P, nj);
         if (hi == lo || (q == me && zc)) continue;
-        uint64_t qoff = coll__desc(c, q)->recv_off;
-        const uint8_t *src = qoff ? c->base + qoff + (offj + lo) * es : coll__slot(c, q, pj) + lo * es;
+        uint64_t qoff = coll__peer_desc(c, q)->recv_off;
+        const uint8_t *src = qoff ? coll__shared(c, qoff) + (offj + lo) * es : coll__peer_slot(c, q, t - 1) + lo * es;
         coll__copy(c, recv + (offj + lo) * es, src, (hi - lo) * es, stream);
       }
     }
-    coll__publish_done(c, t); /* peers refill the slots I read once they see this */
+    coll__finish(c, t); /* peers refill the slots I read once they see this */
   }
   uint64_t last = t0 + K;
-  c->round = last;
+  coll__round_end(c, last);
   if (stream) coll__stream_fence();
-  return zc ? coll__wait_all_done(c, last) : 0;
+  return zc ? coll__wait_all_finished(c, last) : 0;
 }
 
 int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
@@ -248,7 +245,7 @@ int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
   if (a->count == 0 || (algo == 0 && nbytes <= c->params.small_max)) {
     algo = AR_FLAT;
   } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE &&
-             nbytes < c->hdr->stream_min) {
+             nbytes < coll__stream_min(c)) {
     return ar_flat(c, a, 1);
   } else if (algo == 0) {
     algo = AR_RSAG;

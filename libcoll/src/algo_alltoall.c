@@ -1,42 +1,44 @@
 /*
  * algo_alltoall.c - block q of rank r's send goes to block r of rank q's recv.
  *
- * Each round every rank stages the next piece (slot/P bytes) of each of its
- * outgoing blocks side by side in its slot, publishes, waits for all, and
- * copies its piece out of every peer's slot. In place works: chunk k of
- * every block is staged before chunk k of the receive side is written.
+ * Each round is an exchange (round.c): every rank stages the next piece (slot/P bytes)
+ * of each of its outgoing blocks side by side in its slot, and copies its piece out of
+ * every peer's slot. In place works: chunk k of every block is staged before chunk k of
+ * the receive side is written.
  */
 #include <string.h>
 
-#include "coll_internal.h"
+#include "algorithms.h"
+#include "round.h"
+
+typedef struct {
+  const uint8_t *send;
+  uint8_t *recv;
+  size_t nbytes, piece;
+  int me, P;
+} alltoall_t;
+
+static size_t alltoall_len(const alltoall_t *x, uint64_t k) {
+  return x->nbytes ? coll__min(x->piece, x->nbytes - k * x->piece) : 0;
+}
+
+static void alltoall_fill(void *ctx, uint64_t k, uint8_t *slot) {
+  alltoall_t *x = ctx;
+  size_t off = k * x->piece, len = alltoall_len(x, k);
+  coll__stage_pieces(slot, x->send, x->nbytes, x->piece, off, len, x->P, x->me);
+  size_t mine = (size_t)x->me * x->nbytes + off; /* my own block: a local copy */
+  if (len && x->recv != x->send) memmove(x->recv + mine, x->send + mine, len);
+}
+
+static void alltoall_take(void *ctx, uint64_t k, int peer, const uint8_t *slot) {
+  alltoall_t *x = ctx;
+  size_t len = alltoall_len(x, k);
+  if (len) memcpy(x->recv + (size_t)peer * x->nbytes + k * x->piece, slot + (size_t)x->me * x->piece, len);
+}
 
 int coll__alltoall(coll_comm_t *c, const coll_args_t *a) {
-  size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  size_t piece = (c->hdr->slot_bytes / (size_t)c->size) & ~(size_t)63;
-  uint64_t K = nbytes ? coll__div_up(nbytes, piece) : 1;
-  int me = c->rank, rc;
-  const uint8_t *send = a->send;
-  uint8_t *recv = a->recv;
-  uint64_t t0 = coll__begin(c, a, 0, 0);
-  for (uint64_t k = 0; k < K; k++) {
-    uint64_t t = t0 + k;
-    int p;
-    if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-    size_t off = k * piece, len = coll__min(piece, nbytes - off);
-    uint8_t *slot = coll__slot(c, me, p);
-    for (int q = 0; q < c->size && len; q++)
-      if (q != me) memcpy(slot + (size_t)q * piece, send + (size_t)q * nbytes + off, len);
-    coll__publish_arrive(c, t);
-    coll__slot_release(c, p, t, -1);
-    for (int i = 1; i < c->size; i++) {
-      int q = (me + i) % c->size;
-      rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
-      if (rc) return rc;
-      if (len) memcpy(recv + (size_t)q * nbytes + off, coll__slot(c, q, p) + (size_t)me * piece, len);
-    }
-    if (len && recv != send) memmove(recv + (size_t)me * nbytes + off, send + (size_t)me * nbytes + off, len);
-    coll__publish_done(c, t);
-  }
-  c->round = t0 + K - 1;
-  return 0;
+  alltoall_t x = {a->send, a->recv, a->count * coll_dtype_size(a->dtype),
+                  (coll__slot_bytes(c) / (size_t)c->size) & ~(size_t)63, c->rank, c->size};
+  uint64_t K = x.nbytes ? coll__div_up(x.nbytes, x.piece) : 1;
+  return coll__exchange(c, a, K, alltoall_fill, alltoall_take, 1, &x);
 }

@@ -22,7 +22,8 @@
  */
 #include <string.h>
 
-#include "coll_internal.h"
+#include "algorithms.h"
+#include "round.h"
 
 enum { BC_EAGER = 1, BC_PIPELINED = 2 };
 
@@ -32,28 +33,29 @@ enum { BC_EAGER = 1, BC_PIPELINED = 2 };
  * the pipelined path's handshake, and every rank still sees any disagreement
  * in the same call. */
 static int bcast_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
-  int root = a->root, rc, p = (int)((c->round + 1) & 1);
-  uint8_t *buf = a->recv;
-  if (c->rank == root) {
-    if ((rc = coll__slot_acquire(c, c->round + 1, &p)) != 0) return rc;
-    if (nbytes) memcpy(coll__slot(c, root, p), buf, nbytes);
+  int root = a->root, rc;
+  uint8_t *buf = a->recv, *slot = NULL;
+  uint64_t t0 = coll__round_next(c);
+  if (c->rank == root) { /* staged before the descriptor: one publication carries both */
+    if ((rc = coll__stage(c, t0, &slot)) != 0) return rc;
+    if (nbytes) memcpy(slot, buf, nbytes);
   }
-  uint64_t t0 = coll__begin_algo(c, a, BC_EAGER, 0, 0);
-  coll__publish_arrive(c, t0);
-  if (c->rank == root) coll__slot_release(c, p, t0, -1);
-  c->round = t0;
+  coll__round_begin(c, a, BC_EAGER, 0, 0);
+  if (slot) coll__publish_staged(c, t0, -1, t0);
+  else coll__publish(c, t0);
+  coll__round_end(c, t0);
   if ((rc = coll__meet_all(c, t0)) != 0) return rc;
   if (c->rank != root) {
-    if (nbytes) memcpy(buf, coll__slot(c, root, p), nbytes);
-    coll__publish_done(c, t0);
+    if (nbytes) memcpy(buf, coll__peer_slot(c, root, t0), nbytes);
+    coll__finish(c, t0);
   }
   return 0;
 }
 
 int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  if (nbytes <= c->params.small_max && nbytes <= c->hdr->slot_bytes) return bcast_eager(c, a, nbytes);
-  size_t chunk = c->hdr->slot_bytes;
+  size_t chunk = coll__slot_bytes(c);
+  if (nbytes <= c->params.small_max && nbytes <= chunk) return bcast_eager(c, a, nbytes);
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, rc;
   uint8_t *buf = a->recv;
@@ -64,50 +66,45 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
     single = !zoff && c->cma && nbytes >= c->params.cma_min;
     if (single) zoff = (uint64_t)(uintptr_t)buf;
   }
-  uint64_t t0 = coll__begin_algo(c, a, BC_PIPELINED, zoff, 0);
-  coll__my_desc(c)->single_copy = single;
-  coll__publish_arrive(c, t0);
+  uint64_t t0 = coll__round_begin(c, a, BC_PIPELINED, zoff, 0);
+  if (single) coll__round_single_copy(c);
+  coll__publish(c, t0);
 
   if (c->rank == root) {
     if ((rc = coll__meet_all(c, t0)) != 0) return rc;
     if (zoff) {
-      coll__publish_arrive(c, t0 + 1);
-      c->round = t0 + 1;
-      return coll__wait_all_done(c, t0 + 1);
+      coll__publish(c, t0 + 1);
+      coll__round_end(c, t0 + 1);
+      return coll__wait_all_finished(c, t0 + 1);
     }
     for (uint64_t k = 0; k < K; k++) {
-      uint64_t t = t0 + 1 + k;
-      int p;
-      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-      size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-      if (len) memcpy(coll__slot(c, root, p), buf + off, len);
-      coll__publish_arrive(c, t);
-      coll__slot_release(c, p, t, -1);
+      size_t off = k * chunk;
+      if ((rc = coll__post(c, t0 + 1 + k, buf + off, coll__min(chunk, nbytes - off), -1)) != 0) return rc;
     }
-    c->round = t0 + K;
+    coll__round_end(c, t0 + K);
     return 0;
   }
 
   if ((rc = coll__meet(c, root, t0)) != 0) return rc;
-  uint64_t root_off = coll__desc(c, root)->send_off;
-  int stream = nbytes >= c->hdr->stream_min; /* my copy is written once */
+  uint64_t root_off = coll__peer_desc(c, root)->send_off;
+  int stream = nbytes >= coll__stream_min(c); /* my copy is written once */
   if (root_off) {
-    if ((rc = coll__wait_arrive(c, root, t0 + 1)) != 0) return rc;
-    if (!coll__desc(c, root)->single_copy) coll__copy(c, buf, c->base + root_off, nbytes, stream);
-    else if ((rc = coll__cma_copy(c, root, buf, root_off, nbytes, 0)) != 0) return rc;
+    if ((rc = coll__wait(c, root, t0 + 1)) != 0) return rc;
+    if (!coll__peer_desc(c, root)->single_copy) coll__copy(c, buf, coll__shared(c, root_off), nbytes, stream);
+    else if ((rc = coll__peer_copy(c, root, buf, root_off, nbytes, 0)) != 0) return rc;
     if (stream) coll__stream_fence();
-    coll__publish_done(c, t0 + 1);
-    c->round = t0 + 1;
+    coll__finish(c, t0 + 1);
+    coll__round_end(c, t0 + 1);
     return 0;
   }
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + 1 + k;
-    if ((rc = coll__wait_arrive(c, root, t)) != 0) return rc;
+    if ((rc = coll__wait(c, root, t)) != 0) return rc;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-    if (len) coll__copy(c, buf + off, coll__slot(c, root, (int)(t & 1)), len, stream);
-    coll__publish_done(c, t);
+    if (len) coll__copy(c, buf + off, coll__peer_slot(c, root, t), len, stream);
+    coll__finish(c, t);
   }
   if (stream) coll__stream_fence();
-  c->round = t0 + K;
+  coll__round_end(c, t0 + K);
   return 0;
 }

@@ -23,7 +23,8 @@
  */
 #include <string.h>
 
-#include "coll_internal.h"
+#include "algorithms.h"
+#include "round.h"
 
 enum { GA_EAGER = 1, GA_PIPELINED = 2, GA_SINGLE_COPY = 3 };
 
@@ -31,22 +32,24 @@ enum { GA_EAGER = 1, GA_PIPELINED = 2, GA_SINGLE_COPY = 3 };
  * t0 and compares every descriptor; the root copies and publishes `done`
  * (which frees the slots), the others return at once. */
 static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
-  int root = a->root, me = c->rank, rc, p = (int)((c->round + 1) & 1);
-  if (me != root) {
-    if ((rc = coll__slot_acquire(c, c->round + 1, &p)) != 0) return rc;
-    if (nbytes) memcpy(coll__slot(c, me, p), a->send, nbytes);
+  int root = a->root, me = c->rank, rc;
+  uint64_t t0 = coll__round_next(c);
+  uint8_t *slot = NULL;
+  if (me != root) { /* staged before the descriptor: one publication carries both */
+    if ((rc = coll__stage(c, t0, &slot)) != 0) return rc;
+    if (nbytes) memcpy(slot, a->send, nbytes);
   }
-  uint64_t t0 = coll__begin_algo(c, a, GA_EAGER, 0, 0);
-  coll__publish_arrive(c, t0);
-  if (me != root) coll__slot_release(c, p, t0, root);
-  c->round = t0;
+  coll__round_begin(c, a, GA_EAGER, 0, 0);
+  if (slot) coll__publish_staged(c, t0, root, t0);
+  else coll__publish(c, t0);
+  coll__round_end(c, t0);
   if ((rc = coll__meet_all(c, t0)) != 0 || me != root) return rc;
   uint8_t *recv = a->recv;
   if (nbytes && recv + (size_t)me * nbytes != (const uint8_t *)a->send)
     memmove(recv + (size_t)me * nbytes, a->send, nbytes);
   for (int q = 0; q < c->size && nbytes; q++)
-    if (q != me) memcpy(recv + (size_t)q * nbytes, coll__slot(c, q, p), nbytes);
-  coll__publish_done(c, t0);
+    if (q != me) memcpy(recv + (size_t)q * nbytes, coll__peer_slot(c, q, t0), nbytes);
+  coll__finish(c, t0);
   return 0;
 }
 
@@ -57,63 +60,59 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
  * and the root returns when all have written (`done` at t0+1). */
 static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   int root = a->root, me = c->rank, rc;
-  uint64_t t0 = coll__begin_algo(c, a, GA_SINGLE_COPY, 0, me == root ? (uintptr_t)a->recv : 0);
-  coll__my_desc(c)->single_copy = 1;
-  coll__publish_arrive(c, t0);
-  c->round = t0 + 1;
+  uint64_t t0 = coll__round_begin(c, a, GA_SINGLE_COPY, 0, me == root ? (uintptr_t)a->recv : 0);
+  coll__round_single_copy(c);
+  coll__publish(c, t0);
+  coll__round_end(c, t0 + 1);
   if (me == root) {
     if ((rc = coll__meet_all(c, t0)) != 0) return rc;
     uint8_t *mine = (uint8_t *)a->recv + (size_t)me * nbytes;
-    coll__publish_arrive(c, t0 + 1);
+    coll__publish(c, t0 + 1);
     /* send is my block of the output or apart from it (aliasing.c) */
     if (mine != (const uint8_t *)a->send) coll__copy(c, mine, a->send, nbytes, 0); /* while the others write */
-    return coll__wait_all_done(c, t0 + 1);
+    return coll__wait_all_finished(c, t0 + 1);
   }
-  if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait_arrive(c, root, t0 + 1)) != 0)
+  if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait(c, root, t0 + 1)) != 0)
     return rc;
-  uint64_t dst = coll__desc(c, root)->recv_off + (uint64_t)me * nbytes;
-  if ((rc = coll__cma_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
-  coll__publish_done(c, t0 + 1);
+  uint64_t dst = coll__peer_desc(c, root)->recv_off + (uint64_t)me * nbytes;
+  if ((rc = coll__peer_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
+  coll__finish(c, t0 + 1);
   return 0;
 }
 
 int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  if (nbytes <= c->params.small_max && nbytes <= c->hdr->slot_bytes) return gather_eager(c, a, nbytes);
+  size_t chunk = coll__slot_bytes(c);
+  if (nbytes <= c->params.small_max && nbytes <= chunk) return gather_eager(c, a, nbytes);
   if (c->cma && nbytes >= c->params.cma_min) return gather_single_copy(c, a, nbytes);
-  size_t chunk = c->hdr->slot_bytes;
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc = 0;
   const uint8_t *send = a->send;
   uint64_t push = me == root && K > 1 ? coll__arena_offset(c, a->recv, nbytes * (size_t)c->size) : 0;
-  uint64_t t0 = coll__begin_algo(c, a, GA_PIPELINED, 0, push);
-  int stream = nbytes * (size_t)c->size >= c->hdr->stream_min; /* the root's whole output */
+  uint64_t t0 = coll__round_begin(c, a, GA_PIPELINED, 0, push);
+  int stream = nbytes * (size_t)c->size >= coll__stream_min(c); /* the root's whole output */
 
   if (me != root) {
     for (uint64_t k = 0; k < K; k++) {
-      uint64_t t = t0 + k;
-      int p;
-      if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-      size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-      if (len) memcpy(coll__slot(c, me, p), send + off, len);
-      coll__publish_arrive(c, t);
-      coll__slot_release(c, p, t, root);
+      size_t off = k * chunk;
+      if ((rc = coll__post(c, t0 + k, send + off, coll__min(chunk, nbytes - off), root)) != 0) return rc;
       if (k == 0 && (rc = coll__meet(c, root, t0)) != 0) return rc;
-      if (k == 0 && (push = coll__desc(c, root)->recv_off) != 0) { /* the root's output is shared */
-        if ((rc = coll__wait_done(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
-        coll__copy(c, c->base + push + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk, stream);
+      if (k == 0 && (push = coll__peer_desc(c, root)->recv_off) != 0) { /* the root's output is shared */
+        if ((rc = coll__wait_finished(c, root, t0)) != 0) return rc; /* "go": all descriptors agree */
+        coll__copy(c, coll__shared(c, push) + (size_t)me * nbytes + chunk, send + chunk, nbytes - chunk,
+                   stream);
         if (stream) coll__stream_fence();
-        coll__publish_arrive(c, t0 + 1);
-        c->round = t0 + 1;
+        coll__publish(c, t0 + 1);
+        coll__round_end(c, t0 + 1);
         return 0;
       }
     }
-    c->round = t0 + K - 1;
-    if ((rc = coll__wait_done(c, root, t0 + K - 1)) != 0) return rc;
+    coll__round_end(c, t0 + K - 1);
+    if ((rc = coll__wait_finished(c, root, t0 + K - 1)) != 0) return rc;
     return coll__validate(c, root);
   }
 
-  coll__publish_arrive(c, t0);
+  coll__publish(c, t0);
   uint8_t *recv = a->recv;
   /* my own part; send is this block of recv or apart from it (aliasing.c); streamed
    * copies are fenced at the end */
@@ -123,19 +122,17 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
     for (int i = 1; i < c->size; i++) {
       int q = (me + i) % c->size;
-      rc = k == 0 ? coll__meet(c, q, t0) : coll__wait_arrive(c, q, t);
+      rc = k == 0 ? coll__meet(c, q, t0) : coll__wait(c, q, t);
       if (rc) return rc;
-      if (len) coll__copy(c, recv + (size_t)q * nbytes + off, coll__slot(c, q, (int)(t & 1)), len, stream);
+      if (len) coll__copy(c, recv + (size_t)q * nbytes + off, coll__peer_slot(c, q, t), len, stream);
     }
-    coll__publish_done(c, t);
+    coll__finish(c, t);
     if (push) { /* the others write the rest themselves */
-      for (int i = 1; i < c->size; i++)
-        if ((rc = coll__wait_arrive(c, (me + i) % c->size, t0 + 1)) != 0) break;
-      c->round = t0 + 1;
+      rc = coll__wait_all(c, t0 + 1);
       break;
     }
   }
   if (stream) coll__stream_fence();
-  if (!push) c->round = t0 + K - 1;
+  coll__round_end(c, push ? t0 + 1 : t0 + K - 1);
   return rc;
 }

@@ -1,40 +1,48 @@
 /*
  * algo_reduce_scatter.c - rank r gets op over all ranks of block r ("flat").
  *
- * Each round every rank stages the next piece (slot/P bytes, whole elements)
- * of every block side by side, publishes, waits for all, and reduces its own
- * piece from all P slots in one P-way pass (ranks in order 0..P-1, so the
- * result does not depend on timing) straight into its receive buffer.
+ * Each round is an exchange (round.c): every rank stages the next piece (slot/P bytes,
+ * whole elements) of every block side by side, and once all arrived reduces its own
+ * piece from all P slots in one P-way pass (ranks in order 0..P-1, so the result does
+ * not depend on timing) straight into its receive buffer.
  */
-#include <string.h>
+#include "algorithms.h"
+#include "round.h"
 
-#include "coll_internal.h"
+typedef struct {
+  coll_comm_t *c;
+  const coll_args_t *a;
+  size_t nbytes, piece;
+  uint64_t t0;
+} reduce_scatter_t;
+
+static size_t reduce_scatter_len(const reduce_scatter_t *x, uint64_t k) {
+  return x->nbytes ? coll__min(x->piece, x->nbytes - k * x->piece) : 0;
+}
+
+static void reduce_scatter_fill(void *ctx, uint64_t k, uint8_t *slot) {
+  reduce_scatter_t *x = ctx;
+  coll__stage_pieces(slot, x->a->send, x->nbytes, x->piece, k * x->piece, reduce_scatter_len(x, k),
+                     x->c->size, -1);
+}
+
+static void reduce_scatter_take(void *ctx, uint64_t k, int peer, const uint8_t *slot) {
+  (void)peer, (void)slot; /* all at once */
+  reduce_scatter_t *x = ctx;
+  int P = x->c->size;
+  const void *in[P];
+  for (int q = 0; q < P; q++)
+    in[q] = coll__peer_slot(x->c, q, x->t0 + k) + (size_t)x->c->rank * x->piece;
+  size_t len = reduce_scatter_len(x, k), es = coll_dtype_size(x->a->dtype);
+  if (len)
+    coll_reduce_local(x->a->dtype, x->a->op, (uint8_t *)x->a->recv + k * x->piece, in, (size_t)P,
+                      len / es, (size_t)P);
+}
 
 int coll__reduce_scatter(coll_comm_t *c, const coll_args_t *a) {
   size_t es = coll_dtype_size(a->dtype);
-  size_t nbytes = a->count * es;
-  size_t piece = ((c->hdr->slot_bytes / (size_t)c->size) & ~(size_t)63) / es * es;
-  uint64_t K = nbytes ? coll__div_up(nbytes, piece) : 1;
-  int me = c->rank, P = c->size, rc;
-  const uint8_t *send = a->send;
-  uint8_t *recv = a->recv;
-  const void *in[P];
-  uint64_t t0 = coll__begin(c, a, 0, 0);
-  for (uint64_t k = 0; k < K; k++) {
-    uint64_t t = t0 + k;
-    int p;
-    if ((rc = coll__slot_acquire(c, t, &p)) != 0) return rc;
-    size_t off = k * piece, len = coll__min(piece, nbytes - off);
-    uint8_t *slot = coll__slot(c, me, p);
-    for (int q = 0; q < P && len; q++) memcpy(slot + (size_t)q * piece, send + (size_t)q * nbytes + off, len);
-    coll__publish_arrive(c, t);
-    coll__slot_release(c, p, t, -1);
-    rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all_arrive(c, t);
-    if (rc) return rc;
-    for (int q = 0; q < P; q++) in[q] = coll__slot(c, q, p) + (size_t)me * piece;
-    if (len) coll_reduce_local(a->dtype, a->op, recv + off, in, (size_t)P, len / es, (size_t)P);
-    coll__publish_done(c, t);
-  }
-  c->round = t0 + K - 1;
-  return 0;
+  reduce_scatter_t x = {c, a, a->count * es, ((coll__slot_bytes(c) / (size_t)c->size) & ~(size_t)63) / es * es,
+                        coll__round_next(c)};
+  uint64_t K = x.nbytes ? coll__div_up(x.nbytes, x.piece) : 1;
+  return coll__exchange(c, a, K, reduce_scatter_fill, reduce_scatter_take, 0, &x);
 }

@@ -23,13 +23,14 @@
 #include <unistd.h>
 
 #include "coll.h"
+#include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
 #define COLL_SEG_MAGIC 0x6862636f6c6c3033ull /* "hbcoll03": header layout version */
 #define COLL_TEXT_MAX 256
 
-/* What a rank says it is calling; peers compare it before moving data. */
-typedef struct {
+/* What a rank says it is calling; peers compare it before moving data (round.c). */
+struct coll__desc {
   uint64_t seq;   /* collective number on this communicator, from 1 */
   uint64_t count;
   int32_t kind;
@@ -40,7 +41,7 @@ typedef struct {
   int32_t single_copy; /* 1: the offsets below are addresses in this rank's process (cma.c) */
   uint64_t send_off; /* segment offset of the send buffer if it is in the arena, else 0 */
   uint64_t recv_off; /* same for the receive buffer */
-} coll__desc_t;
+};
 
 typedef struct {
   /* line 0: polled by peers */
@@ -94,6 +95,7 @@ typedef struct coll__worker coll__worker_t;
 
 struct coll_comm {
   int rank, size;
+  const coll__transport_t *tp; /* how bytes and signals reach the other ranks */
   char *key;
   coll__params_t params;
   /* mapping */
@@ -102,7 +104,7 @@ struct coll_comm {
   size_t map_bytes;
   coll__header_t *hdr;
   coll__ctl_t *ctl;
-  /* round and collective counters: advance identically on every rank */
+  /* round and collective counters, advanced identically on every rank (round.c) */
   uint64_t round;
   uint64_t seq;
   uint64_t extra_seq;         /* descriptors not of the caller's collectives (creation's
@@ -145,7 +147,8 @@ int coll__algo_id(coll_kind_t kind, const char *name); /* >0, or COLL_EBADARG */
 /* ---- shm.c ---- */
 int coll__segment_create(size_t bytes, int *fd_p);
 int coll__segment_map(int fd, size_t bytes, uint8_t **base_p);
-void coll__segment_prefault(void *addr, size_t bytes);
+/* 0, or -ENOMEM (or another -errno) with a sentence in err naming the size and node */
+int coll__segment_prefault(void *addr, size_t bytes, char *err, size_t errlen);
 
 /* ---- bootstrap.c ---- */
 /* Rank 0 listens and sends `fd` to every other rank; others receive it.
@@ -160,64 +163,30 @@ void coll__cma_check_peers(coll_comm_t *c);
 void coll__cma_agree(coll_comm_t *c);
 int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write);
 
-/* ---- sync.c ---- */
-static inline uint8_t *coll__slot(coll_comm_t *c, int r, int parity) {
-  return c->base + c->hdr->slot_off + ((size_t)r * 2 + (size_t)parity) * c->hdr->slot_bytes;
-}
+/* ---- sync.c: the shared-memory transport's flags (transport_shm.c) ---- */
 void coll__publish_arrive(coll_comm_t *c, uint64_t round);
 void coll__publish_done(coll_comm_t *c, uint64_t round);
 int coll__wait_arrive(coll_comm_t *c, int peer, uint64_t round);
 int coll__wait_done(coll_comm_t *c, int peer, uint64_t round);
-int coll__wait_all_arrive(coll_comm_t *c, uint64_t round);
-int coll__wait_all_done(coll_comm_t *c, uint64_t round);
-/* My slot for data published in `round` is slot[round & 1]; waits until its
- * readers finished with what it held before. */
-int coll__slot_acquire(coll_comm_t *c, uint64_t round, int *parity_p);
-/* Say who reads my slot[parity] (-1: everyone) and in which round they finish. */
-static inline void coll__slot_release(coll_comm_t *c, int parity, uint64_t round, int reader) {
-  c->slot_last_read[parity] = round;
-  c->slot_reader[parity] = reader;
-}
 /* Record a failure for every rank; returns the code to hand back. */
 int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int coll__check_abort(coll_comm_t *c);
+/* 0 while healthy, else the failure code (the same on every rank). */
+int coll__aborted(coll_comm_t *c);
 /* A line for a person (stall): the communicator's warn callback, or stderr. */
 void coll__warn(coll_comm_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The caller's collectives numbered from 1 (creation's barriers not counted). */
 static inline uint64_t coll__call_number(const coll_comm_t *c) { return c->seq - c->extra_seq; }
-/* 0 while healthy, else the failure code (the same on every rank). */
-static inline int coll__aborted(coll_comm_t *c) {
-  return atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) ? coll__check_abort(c) : 0;
-}
 void coll__wake_all(coll_comm_t *c);
 
-
-/* ---- collective.c ---- */
-/* Start a collective: fills my descriptor, returns the first round number. */
-uint64_t coll__begin(coll_comm_t *c, const coll_args_t *a, uint64_t send_off, uint64_t recv_off);
-/* The same with the algorithm id recorded, for collectives that choose one. */
-uint64_t coll__begin_algo(coll_comm_t *c, const coll_args_t *a, int algo, uint64_t send_off,
-                          uint64_t recv_off);
-static inline coll__desc_t *coll__my_desc(coll_comm_t *c) {
-  return &c->ctl[c->rank].desc[c->seq & 1];
-}
-static inline const coll__desc_t *coll__desc(coll_comm_t *c, int r) {
-  return &c->ctl[r].desc[c->seq & 1];
-}
+/* ---- collective.c: the dispatcher ---- */
 int coll__check_args(const coll_comm_t *c, const coll_args_t *a);
-int coll__run_ordered(coll_comm_t *c, const coll_args_t *a);
-/* Wait for every peer's arrival at the first round t0 and compare descriptors. */
-int coll__meet_all(coll_comm_t *c, uint64_t t0);
-/* Wait for one peer's arrival at t0 and compare its descriptor. */
-int coll__meet(coll_comm_t *c, int peer, uint64_t t0);
-static inline size_t coll__min(size_t a, size_t b) { return a < b ? a : b; }
-static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; }
-/* Compare a peer's descriptor (it has arrived at the collective's first round). */
-int coll__validate(coll_comm_t *c, int peer);
+/* Runs the collective in the calling thread (unaliasing first). */
 int coll__execute(coll_comm_t *c, const coll_args_t *a);
-/* stream_copy.c: memcpy with non-temporal stores (plain memcpy where the CPU
- * has none), for results far larger than the caches; coll__stream_fence()
- * after the last of them, before publishing. */
+
+/* ---- stream_copy.c ---- */
+/* memcpy with non-temporal stores (plain memcpy where the CPU has none), for results far
+ * larger than the caches; coll__stream_fence() after the last of them, before publishing. */
 void coll__copy_stream(void *dst, const void *src, size_t n);
 void coll__stream_fence(void);
 /* memcpy, or coll__copy_stream when `stream` (the caller fences). */
@@ -228,16 +197,6 @@ int coll__cpu_rep_movsb_fast(void);
  * is returned; 0: nothing to do; -ENOMEM. */
 int coll__unalias(const coll_comm_t *c, const coll_args_t *a, coll_args_t *safe, void **copy);
 
-/* ---- algorithms: algo_*.c (0 or negative code) ---- */
-int coll__barrier(coll_comm_t *c, const coll_args_t *a);
-int coll__bcast(coll_comm_t *c, const coll_args_t *a);
-int coll__gather(coll_comm_t *c, const coll_args_t *a);
-int coll__scatter(coll_comm_t *c, const coll_args_t *a);
-int coll__allgather(coll_comm_t *c, const coll_args_t *a);
-int coll__allreduce(coll_comm_t *c, const coll_args_t *a); /* also reduce */
-int coll__reduce_scatter(coll_comm_t *c, const coll_args_t *a);
-int coll__alltoall(coll_comm_t *c, const coll_args_t *a);
-
 /* ---- arena.c ---- */
 int coll__arena_init(coll_comm_t *c);
 void coll__arena_destroy(coll_comm_t *c);
@@ -245,7 +204,7 @@ void coll__arena_destroy(coll_comm_t *c);
 uint64_t coll__arena_offset(const coll_comm_t *c, const void *ptr, size_t bytes);
 long coll__job_cpus(coll_comm_t *c); /* CPUs usable by the job (masks, quota) */
 
-/* ---- request.c ---- */
+/* ---- request.c: blocking and nonblocking runs ---- */
 void coll__worker_stop(coll_comm_t *c);
 /* In a fork()ed child: drop the parent's worker without joining it. */
 void coll__worker_forget(coll_comm_t *c);

@@ -91,10 +91,12 @@ static void comm_record_identity(coll_comm_t *c) {
  * Placement is advice: a failure leaves the default policy. */
 static void comm_place(coll_comm_t *c, const coll__header_t *h) {
   if (c->place == NULL) return;
-  c->place(c->place_arg, c->base, h->arena_off, c->local_of, c->size);
-  for (int r = 0; r < c->size && h->arena_bytes; r++)
-    c->place(c->place_arg, c->base + h->arena_off + (size_t)r * h->arena_bytes, h->arena_bytes,
-             &c->local_of[r], 1);
+  int rc = c->place(c->place_arg, c->base, h->arena_off, c->local_of, c->size);
+  for (int r = 0; r < c->size && h->arena_bytes && rc == 0; r++)
+    rc = c->place(c->place_arg, c->base + h->arena_off + (size_t)r * h->arena_bytes, h->arena_bytes,
+                  &c->local_of[r], 1);
+  if (rc) coll__warn(c, "placing the shared segment failed (%s): it stays on the default memory "
+                        "policy", coll_strerror(rc));
 }
 
 _Atomic unsigned coll__fork_epoch;
@@ -118,6 +120,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   if (cfg->timeout_s > 0) c->params.timeout_s = cfg->timeout_s;
   c->rank = cfg->rank;
   c->size = cfg->size;
+  c->tp = &coll__shm_transport;
   c->slot_reader[0] = c->slot_reader[1] = -1;
   c->key = strdup(cfg->job_key);
   c->seen_done = calloc((size_t)cfg->size, sizeof *c->seen_done);
@@ -150,7 +153,9 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
       return comm_fail_local(c, -errno, "could not draw the communicator's secret (getrandom)");
     memcpy(c->hdr, &h, sizeof h);
     c->ctl = (coll__ctl_t *)(c->base + h.ctl_off);
-    coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off);
+    if ((rc = coll__segment_prefault(c->base + h.ctl_off, h.arena_off - h.ctl_off, c->error_text,
+                                     sizeof c->error_text)) != 0)
+      return c->error = rc;
   }
   char err[COLL_TEXT_MAX] = "";
   rc = coll__bootstrap(c, &c->fd, err, sizeof err);

@@ -1,5 +1,6 @@
 /*
- * request.c - nonblocking collectives. Each communicator gets, on first use,
+ * request.c - running collectives: coll_run (blocking) and coll_start (nonblocking).
+ * Each communicator gets, on first use,
  * one progress thread that runs queued collectives in order. A blocking call
  * runs in the caller's thread when nothing is queued (no hand-off latency),
  * and otherwise joins the queue so the order stays the one the user wrote.
@@ -172,7 +173,8 @@ void coll_req_free(coll_req_t *r) {
   if (last) worker_destroy(w);
 }
 
-int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
+/* Blocking: in my thread when nothing is queued, else behind the queued requests. */
+static int run_ordered(coll_comm_t *c, const coll_args_t *a) {
   coll__worker_t *w = c->worker;
   int queued = 0;
   if (w) {
@@ -201,4 +203,13 @@ int coll__run_ordered(coll_comm_t *c, const coll_args_t *a) {
   if (coll_req_test(r, &rc) != 1) rc = coll_req_wait(r, -1);
   coll_req_free(r);
   return rc;
+}
+
+int coll_run(coll_comm_t *c, const coll_args_t *a) {
+  if (c == NULL || a == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
+  int rc = coll__check_args(c, a);
+  if (rc) return rc;
+  if (c->error) return c->error;
+  return run_ordered(c, a);
 }

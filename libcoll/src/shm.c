@@ -5,6 +5,8 @@
  * touched; ftruncate only sets the size (sparse).
  */
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -14,6 +16,8 @@
 #ifndef MFD_CLOEXEC
 #define MFD_CLOEXEC 0x0001U
 #endif
+#define SHM_MASK_LONGS 16 /* NUMA nodes up to 1023 */
+#define SHM_MPOL_F_ADDR (1 << 1) /* numaif.h's MPOL_F_ADDR, without libnuma */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -37,13 +41,29 @@ int coll__segment_map(int fd, size_t bytes, uint8_t **base_p) {
   return 0;
 }
 
-/* Fault the pages in now so a full node shows up at creation, not as SIGBUS
- * in the middle of a collective. Falls back to touching every page on kernels
- * without MADV_POPULATE_WRITE (< 5.14). */
-void coll__segment_prefault(void *addr, size_t bytes) {
-  if (bytes == 0) return;
-  if (madvise(addr, bytes, MADV_POPULATE_WRITE) == 0) return;
-  long page = sysconf(_SC_PAGESIZE);
-  volatile uint8_t *p = addr;
-  for (size_t off = 0; off < bytes; off += (size_t)page) p[off] = 0;
+/* Fault the pages in now so a full node shows up at creation as -ENOMEM with a sentence
+ * naming the size and node(s), not as SIGBUS in the middle of a collective. Kernels without
+ * MADV_POPULATE_WRITE (< 5.14) get every page touched instead, where a full node is SIGBUS. */
+int coll__segment_prefault(void *addr, size_t bytes, char *err, size_t errlen) {
+  if (bytes == 0 || madvise(addr, bytes, MADV_POPULATE_WRITE) == 0) return 0;
+  int e = errno;
+  if (e == EINVAL) { /* no MADV_POPULATE_WRITE */
+    long page = sysconf(_SC_PAGESIZE);
+    volatile uint8_t *p = addr;
+    for (size_t off = 0; off < bytes; off += (size_t)page) p[off] = 0;
+    return 0;
+  }
+  char nodes[64] = "the default policy's node";
+  int mode = 0;
+  unsigned long mask[SHM_MASK_LONGS] = {0};
+  if (syscall(SYS_get_mempolicy, &mode, mask, (unsigned long)SHM_MASK_LONGS * 64, addr,
+              (unsigned long)SHM_MPOL_F_ADDR) == 0 && mode != 0) {
+    size_t n = (size_t)snprintf(nodes, sizeof nodes, "node");
+    for (int i = 0; i < SHM_MASK_LONGS * 64 && n + 8 < sizeof nodes; i++)
+      if (mask[i / 64] >> (i % 64) & 1) n += (size_t)snprintf(nodes + n, sizeof nodes - n, " %d", i);
+  }
+  snprintf(err, errlen, "out of memory: the shared segment's %.1f MiB of control and staging "
+           "memory do not fit on %s (%s); free memory there, or lower HBMCOLL_SLOT_BYTES",
+           (double)bytes / (1024.0 * 1024.0), nodes, strerror(e));
+  return e == EFAULT || e == EHWPOISON ? -ENOMEM : -e;
 }

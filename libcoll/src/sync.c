@@ -1,5 +1,6 @@
 /*
- * sync.c - publishing and waiting on the per-rank round flags.
+ * sync.c - the shared-memory transport's signals: publishing and waiting on the
+ * per-rank round flags in the segment's control lines.
  *
  * A wait spins with `pause` for a budget set from how many ranks share the
  * cores (spinning while a peer needs our core only delays it), then yields,
@@ -117,6 +118,10 @@ void coll__warn(coll_comm_t *c, const char *fmt, ...) {
   }
 }
 
+int coll__aborted(coll_comm_t *c) {
+  return atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) ? coll__check_abort(c) : 0;
+}
+
 /* 0 while healthy; else the communicator's failure code (same on all ranks). */
 int coll__check_abort(coll_comm_t *c) {
   int code = atomic_load_explicit(&c->hdr->abort_code, memory_order_acquire);
@@ -152,7 +157,7 @@ static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uin
                       "communicator or exited; the communicator is closed",
                       peer, (int)c->ctl[peer].pid, dead ? "exited" : "left",
                       (unsigned long long)coll__call_number(c),
-                      coll_kind_name((coll_kind_t)coll__my_desc(c)->kind));
+                      coll_kind_name((coll_kind_t)c->tp->desc(c, c->rank, c->seq)->kind));
   if (c->ctl[peer].pid == 0) /* died before it recorded its pid */
     return coll__fail(c, COLL_EPEERLOST, "rank %d died; the communicator is closed", peer);
   return coll__fail(c, COLL_EPEERLOST, "rank %d (pid %d) died; the communicator is closed", peer,
@@ -182,7 +187,7 @@ static void sync_warn_stall(coll_comm_t *c, int peer, int arrival, uint64_t targ
     snprintf(where, sizeof where, "creating the communicator");
   else
     snprintf(where, sizeof where, "%s (collective #%llu)",
-             coll_kind_name((coll_kind_t)coll__my_desc(c)->kind),
+             coll_kind_name((coll_kind_t)c->tp->desc(c, c->rank, c->seq)->kind),
              (unsigned long long)coll__call_number(c));
   coll__warn(c, "rank %d has waited %.0f s in %s for rank %d (%s); %d rank(s) not there yet: "
                 "%s. They are alive (a slow rank, or one that skipped this collective)%s",
@@ -256,32 +261,6 @@ int coll__wait_done(coll_comm_t *c, int peer, uint64_t round) {
   int rc = sync_wait(c, peer, &c->ctl[peer].done, round, "completion");
   if (rc == 0) c->seen_done[peer] = round;
   return rc;
-}
-
-int coll__wait_all_arrive(coll_comm_t *c, uint64_t round) {
-  for (int k = 1; k < c->size; k++) { /* start after myself: spreads the polling */
-    int rc = coll__wait_arrive(c, (c->rank + k) % c->size, round);
-    if (rc) return rc;
-  }
-  return 0;
-}
-
-int coll__wait_all_done(coll_comm_t *c, uint64_t round) {
-  for (int k = 1; k < c->size; k++) {
-    int rc = coll__wait_done(c, (c->rank + k) % c->size, round);
-    if (rc) return rc;
-  }
-  return 0;
-}
-
-int coll__slot_acquire(coll_comm_t *c, uint64_t round, int *parity_p) {
-  int parity = (int)(round & 1);
-  uint64_t need = c->slot_last_read[parity];
-  int reader = c->slot_reader[parity];
-  int rc = reader >= 0 ? coll__wait_done(c, reader, need) : coll__wait_all_done(c, need);
-  if (rc) return rc;
-  *parity_p = parity;
-  return 0;
 }
 
 /* CPUs the whole job may use: the union of the ranks' affinity masks (a rank

@@ -7,13 +7,14 @@
 
 See README.md for the whole API.
 """
-from ._core import Error, MismatchError, PeerLostError, TimeoutError  # noqa: F401
+from .errors import (ArgumentError, Error, MismatchError, OutOfMemoryError,  # noqa: F401
+                     PeerLostError, TimeoutError)
 from .comm import Communicator, Request, empty, init  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "empty", "topology", "Communicator", "Request", "Error",
-           "MismatchError", "PeerLostError", "TimeoutError"]
+__all__ = ["init", "empty", "topology", "Communicator", "Request", "Error", "MismatchError",
+           "PeerLostError", "TimeoutError", "ArgumentError", "OutOfMemoryError"]
 
 
 def topology(ranks=None):

@@ -1,6 +1,7 @@
 """What hbmcoll.torch and hbmcoll.tensorflow share of Horovod's API: the op names, their
 check, and the job functions (init, shutdown, rank, size, barrier, ...) over one hbmcoll
 communicator; each module makes one Job and exports its bound methods under Horovod's names."""
+from .errors import ArgumentError
 
 # Horovod's op names (hbmcoll's op strings)
 Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"
@@ -12,11 +13,11 @@ def op_of(average, op):
     if op is None:
         op = Average if average is None or average else Sum
     elif average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
+        raise ArgumentError("pass either op= or the deprecated average=, not both")
     if op == Adasum:
-        raise ValueError("hbmcoll does not implement Adasum; use Average or Sum")
+        raise ArgumentError("hbmcoll does not implement Adasum; use Average or Sum")
     if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
+        raise ArgumentError(f"unknown op {op!r}: use Average, Sum, Min, Max or Product")
     return op
 
 
@@ -48,7 +49,7 @@ class Job:
 
     def get(self):
         if self.comm is None:
-            raise ValueError(f"{self._module} has not been initialised: call init() first")
+            raise ArgumentError(f"{self._module} has not been initialised: call init() first")
         return self.comm
 
     def is_initialized(self):

@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from . import _core
 from . import comm as _comm
+from .errors import ArgumentError
 from . import launch_env
 
 BACKEND = "hbmcoll"
@@ -313,7 +314,7 @@ class _RedPlan:
             elif kind in (_R.PRODUCT, _R.MIN, _R.BAND):
                 kind = _R.MIN
             elif kind != _R.BXOR:
-                raise ValueError(f"hbmcoll: {kind.name} is not defined for bool tensors")
+                raise ArgumentError(f"hbmcoll: {kind.name} is not defined for bool tensors")
             self.mode, self.work_dtype = "cast", torch.uint8
         elif dtype in _NATIVE:
             pass
@@ -321,11 +322,11 @@ class _RedPlan:
             self.mode, self.work_dtype = "cast", _WIDEN[dtype]
         elif dtype == torch.uint64:
             if kind in (_R.MIN, _R.MAX, _R.AVG):
-                raise ValueError(f"hbmcoll: {kind.name} is not supported for uint64 tensors")
+                raise ArgumentError(f"hbmcoll: {kind.name} is not supported for uint64 tensors")
             self.mode, self.work_dtype = "view", torch.int64   # same bits for wrapping sum/prod
         elif dtype.is_complex:
             if kind not in (_R.SUM, _R.AVG):
-                raise ValueError(f"hbmcoll: {kind.name} is not defined for complex tensors")
+                raise ArgumentError(f"hbmcoll: {kind.name} is not defined for complex tensors")
             self.mode = "complex"
             self.work_dtype = torch.float32 if dtype == torch.complex64 else torch.float64
         elif dtype.is_floating_point:
@@ -334,13 +335,13 @@ class _RedPlan:
             raise TypeError(f"hbmcoll: cannot reduce tensors of dtype {dtype}")
         if kind in _BITWISE:
             if self.work_dtype.is_floating_point:
-                raise ValueError(f"hbmcoll: {kind.name} needs integer or bool tensors, "
+                raise ArgumentError(f"hbmcoll: {kind.name} needs integer or bool tensors, "
                                  f"not {dtype}")
             self.fold, self.op = _BITWISE[kind], None
         else:
             self.op = _OPS.get(kind)
             if self.op is None:
-                raise ValueError(f"hbmcoll: unsupported reduce op {kind}")
+                raise ArgumentError(f"hbmcoll: unsupported reduce op {kind}")
 
     def to_work(self, t):
         """A contiguous work copy of t, or t itself when nothing is to change."""
@@ -465,10 +466,10 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def _one(self, tensors, what):
         if len(tensors) != 1:
-            raise ValueError(f"hbmcoll: {what} takes one tensor per process, got {len(tensors)}")
+            raise ArgumentError(f"hbmcoll: {what} takes one tensor per process, got {len(tensors)}")
         t = tensors[0]
         if t.device.type != "cpu":
-            raise ValueError(f"hbmcoll: {what} needs CPU tensors, got one on {t.device}")
+            raise ArgumentError(f"hbmcoll: {what} needs CPU tensors, got one on {t.device}")
         return t
 
     # -- collectives
@@ -521,7 +522,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
             return Work(None, None, tensors)
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
-            raise ValueError("hbmcoll: allreduce_coalesced needs tensors of one dtype")
+            raise ArgumentError("hbmcoll: allreduce_coalesced needs tensors of one dtype")
         plan = _RedPlan(tensors[0].dtype, opts.reduceOp if opts is not None else _R.SUM)
         flat = torch.cat([plan.to_work(t).reshape(-1) for t in tensors])
 
@@ -556,7 +557,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._one(input_tensors, "allgather")
         if len(output_tensors) != 1:
-            raise ValueError("hbmcoll: allgather takes one output list per process")
+            raise ArgumentError("hbmcoll: allgather takes one output list per process")
         outs = output_tensors[0]
         self._check_list(outs, t, "allgather output")
         src = _flat_mv(t)
@@ -570,7 +571,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
-            raise ValueError(f"hbmcoll: all_gather_into_tensor: output must be {self._size} x "
+            raise ArgumentError(f"hbmcoll: all_gather_into_tensor: output must be {self._size} x "
                              f"input of the same dtype")
         src = _flat_mv(input)
         out, finish = _out_buf(output)
@@ -591,7 +592,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         if self._rank != root:
             return self._go(opts, "gather", (src, root), None, output_tensors)
         if len(output_tensors) != 1:
-            raise ValueError("hbmcoll: gather takes one output list on the root")
+            raise ArgumentError("hbmcoll: gather takes one output list on the root")
         outs = output_tensors[0]
         self._check_list(outs, t, "gather output")
         n = src.numel()
@@ -608,7 +609,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         out, finish = _out_buf(t)
         if self._rank == root:
             if len(input_tensors) != 1:
-                raise ValueError("hbmcoll: scatter takes one input list on the root")
+                raise ArgumentError("hbmcoll: scatter takes one input list on the root")
             ins = input_tensors[0]
             self._check_list(ins, t, "scatter input")
             src = _flat_cat(ins)
@@ -619,7 +620,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         t = self._one(output_tensors, "reduce_scatter")
         if len(input_tensors) != 1:
-            raise ValueError("hbmcoll: reduce_scatter takes one input list per process")
+            raise ArgumentError("hbmcoll: reduce_scatter takes one input list per process")
         ins = input_tensors[0]
         self._check_list(ins, t, "reduce_scatter input")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -629,7 +630,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
-            raise ValueError(f"hbmcoll: reduce_scatter_tensor: input must be {self._size} x "
+            raise ArgumentError(f"hbmcoll: reduce_scatter_tensor: input must be {self._size} x "
                              f"output of the same dtype")
         redop = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         plan = _RedPlan(output.dtype, redop)
@@ -656,10 +657,10 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         P = self._size
         if len(output_tensors) != P or len(input_tensors) != P:
-            raise ValueError(f"hbmcoll: all_to_all needs {P} input and {P} output tensors")
+            raise ArgumentError(f"hbmcoll: all_to_all needs {P} input and {P} output tensors")
         dt = input_tensors[0].dtype
         if any(x.dtype != dt for x in list(input_tensors) + list(output_tensors)):
-            raise ValueError("hbmcoll: all_to_all needs tensors of one dtype")
+            raise ArgumentError("hbmcoll: all_to_all needs tensors of one dtype")
         send = [_flat_mv(x).reshape(-1) for x in input_tensors]
         recv_counts = [_unit_count(o) for o in output_tensors]
 
@@ -670,10 +671,10 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         P = self._size
         if output.dtype != input.dtype:
-            raise ValueError("hbmcoll: all_to_all_single needs input and output of one dtype")
+            raise ArgumentError("hbmcoll: all_to_all_single needs input and output of one dtype")
         if not output_split_sizes and not input_split_sizes:
             if input.numel() % P or output.numel() != input.numel():
-                raise ValueError(f"hbmcoll: all_to_all_single without split sizes needs equal "
+                raise ArgumentError(f"hbmcoll: all_to_all_single without split sizes needs equal "
                                  f"input and output sizes divisible by {P}")
             src = _flat_mv(input)
             out, finish = _out_buf(output)
@@ -685,7 +686,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         outs = list(output_split_sizes) or [output.shape[0] // P] * P
         if len(ins) != P or len(outs) != P or sum(ins) != (input.shape[0] if input.dim() else 0) \
                 or sum(outs) != (output.shape[0] if output.dim() else 0):
-            raise ValueError("hbmcoll: all_to_all_single split sizes do not match the tensors")
+            raise ArgumentError("hbmcoll: all_to_all_single split sizes do not match the tensors")
         send, off = [], 0
         for s in ins:
             send.append(src[off:off + s * in_row])
@@ -740,10 +741,10 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def _check_list(self, lst, like, what):
         if len(lst) != self._size:
-            raise ValueError(f"hbmcoll: {what} must hold {self._size} tensors, got {len(lst)}")
+            raise ArgumentError(f"hbmcoll: {what} must hold {self._size} tensors, got {len(lst)}")
         for x in lst:
             if x.numel() != like.numel() or x.dtype != like.dtype:
-                raise ValueError(f"hbmcoll: every tensor of {what} must have the input's "
+                raise ArgumentError(f"hbmcoll: every tensor of {what} must have the input's "
                                  f"size and dtype ({like.numel()} x {like.dtype})")
 
     # -- lifetime
@@ -832,7 +833,7 @@ def communicator(group=None):
     """The hbmcoll Communicator behind a process group of this backend (default: WORLD)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupHbmcoll):
-        raise ValueError(f"{pg!r} is not an hbmcoll process group")
+        raise ArgumentError(f"{pg!r} is not an hbmcoll process group")
     return pg.comm
 
 

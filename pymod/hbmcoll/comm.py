@@ -14,6 +14,7 @@ import threading
 from . import _core
 from . import job_secret
 from . import launch_env
+from .errors import ArgumentError, NotSupportedError
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
         "avg": _core.AVG, "mean": _core.AVG, "average": _core.AVG}
@@ -33,7 +34,7 @@ def _op_code(op):
         return op
     code = _OPS.get(op.lower()) if isinstance(op, str) else None
     if code is None:
-        raise ValueError(f"unknown op {op!r}: use one of sum, prod, min, max, avg")
+        raise ArgumentError(f"unknown op {op!r}: use one of sum, prod, min, max, avg")
     return code
 
 
@@ -128,7 +129,7 @@ class Communicator:
         if not isinstance(root, int) or isinstance(root, bool):
             raise TypeError("root must be an int")
         if not 0 <= root < self.size:
-            raise ValueError(f"root {root} is not a rank of this communicator (size {self.size})")
+            raise ArgumentError(f"root {root} is not a rank of this communicator (size {self.size})")
         return root
 
     # -- collectives -----------------------------------------------------------
@@ -207,10 +208,10 @@ class Communicator:
         root = self._root(root)
         if out is None:
             if buf is None:
-                raise ValueError("scatter: pass out= (the shape of one block) on every rank")
+                raise ArgumentError("scatter: pass out= (the shape of one block) on every rank")
             shp = _shape(buf)
             if not shp or shp[0] != self.size:
-                raise ValueError(f"scatter: buf's first dimension must be size ({self.size})")
+                raise ArgumentError(f"scatter: buf's first dimension must be size ({self.size})")
             out = _empty_like(buf, shp[1:])
         return (_SCATTER, buf if self.rank == root else None, out, 0, root), out
 
@@ -225,7 +226,7 @@ class Communicator:
         if out is None:
             shp = _shape(buf)
             if not shp or shp[0] != self.size:
-                raise ValueError(f"reduce_scatter: buf's first dimension must be size ({self.size}), or pass out=")
+                raise ArgumentError(f"reduce_scatter: buf's first dimension must be size ({self.size}), or pass out=")
             out = _empty_like(buf, shp[1:])
         return (_REDUCE_SCATTER, buf, out, _op_code(op), 0), out
 
@@ -288,7 +289,7 @@ class Communicator:
         """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
         on every rank alike (HBMCOLL_ALGO does the same from the environment)."""
         if collective not in _KINDS:
-            raise ValueError(f"unknown collective {collective!r}: one of {', '.join(_KINDS)}")
+            raise ArgumentError(f"unknown collective {collective!r}: one of {', '.join(_KINDS)}")
         self._c.set_algorithm(_KINDS[collective], name)
 
     def empty(self, shape, dtype="float32"):
@@ -326,7 +327,7 @@ def empty(shape, dtype="float32", comm=None):
     import numpy as np
 
     if comm is None:
-        raise ValueError("hbmcoll.empty needs comm=")
+        raise ArgumentError("hbmcoll.empty needs comm=")
     dt = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     n = 1
@@ -376,7 +377,7 @@ def _timeout_arg(timeout):
     except (TypeError, ValueError):
         raise TypeError(f"timeout must be a number of seconds or None, not {timeout!r}") from None
     if not t > 0 or t == float("inf"):
-        raise ValueError(f"timeout={timeout!r}: give a number of seconds > 0, or None for no limit")
+        raise ArgumentError(f"timeout={timeout!r}: give a number of seconds > 0, or None for no limit")
     return t
 
 
@@ -425,8 +426,8 @@ def _init_from_mpi(mpi_comm, generation, timeout):
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
     hosts = mpi_comm.allgather(socket.gethostname())
     if len(set(hosts)) > 1:
-        raise _core.Error(f"the MPI communicator spans {len(set(hosts))} nodes; the inter-node "
-                          "bridge is not built yet, so hbmcoll needs all ranks on one node")
+        raise NotSupportedError(f"the MPI communicator spans {len(set(hosts))} nodes; the inter-node "
+                                f"bridge is not built yet, so hbmcoll needs all ranks on one node")
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
     placement = _place(info)

@@ -15,6 +15,7 @@ The file lives only while the ranks meet: rank 0 removes it once the communicato
 failed). If a live rank 0 of another job already owns the same file, the two jobs cannot be told
 apart, and init() refuses rather than let their ranks pair up.
 """
+import errno
 import hashlib
 import os
 import secrets
@@ -22,11 +23,14 @@ import stat
 import sys
 import time
 
+from . import errors
+from .errors import BootstrapError
+
 _POLL_S = 0.01
 _WARN_S = 60.0
 
 
-class SameIdentityError(RuntimeError):
+class SameIdentityError(BootstrapError):
     """Two live jobs have the same launcher identity on this node."""
 
 
@@ -72,7 +76,7 @@ def private_dir(say=None):
                 return path
         except OSError:
             continue
-    raise OSError(f"hbmcoll: no private directory for the rendezvous under {base} "
+    raise errors.SystemCallError(errno.EEXIST, f"hbmcoll: no private directory for the rendezvous under {base} "
                   f"({name} and 15 more are taken); set HBMCOLL_JOB_KEY to a secret value "
                   "unique to this job (the same on all its ranks) instead")
 
@@ -122,7 +126,7 @@ class Exchange:
         next_warn = start + _WARN_S
         while True:
             if timeout and time.monotonic() - start > timeout:
-                raise TimeoutError(f"local rank {self.local_rank} found no rank 0 starting the "
+                raise errors.TimeoutError(f"local rank {self.local_rank} found no rank 0 starting the "
                                    f"job's rendezvous ({self.path}) within {timeout:g} s")
             live = self._read()
             if live is not None:

@@ -28,6 +28,16 @@ import os
 import re
 from dataclasses import dataclass
 
+try:
+    from .errors import ArgumentError, NotSupportedError
+except ImportError:  # this file runs by path too (hbmcoll-run): its sibling, by path
+    import importlib.util as _util
+    _spec = _util.spec_from_file_location(
+        "_hbmcoll_errors", os.path.join(os.path.dirname(os.path.abspath(__file__)), "errors.py"))
+    _errors = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_errors)
+    ArgumentError, NotSupportedError = _errors.ArgumentError, _errors.NotSupportedError
+
 LAUNCHERS = ("hbmcoll-run", "torchrun", "mpiexec", "srun", "single")
 # What sizes a rank's OpenMP/BLAS pools; set from its share of the cores (hbmcoll-run, init()).
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -45,7 +55,7 @@ class LaunchInfo:
     needs_secret: bool = False
 
 
-class MultiNodeError(RuntimeError):
+class MultiNodeError(NotSupportedError):
     """The job's ranks are on several nodes; only single-node communicators exist so far."""
 
 
@@ -54,14 +64,14 @@ def _int(env, name):
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not an integer") from None
+        raise ArgumentError(f"{name}={value!r} is not an integer") from None
 
 
 def _need(env, launcher, names):
     missing = [n for n in names if n not in env]
     if missing:
         present = [n for n in names if n in env]
-        raise ValueError(f"{launcher} environment is incomplete: {', '.join(present)} "
+        raise ArgumentError(f"{launcher} environment is incomplete: {', '.join(present)} "
                          f"set but {', '.join(missing)} missing")
 
 
@@ -75,7 +85,7 @@ def _tasks_per_node(spec, name):
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not m:
-            raise ValueError(f"{name}={spec!r} is not a Slurm task count list like '2(x3),1'")
+            raise ArgumentError(f"{name}={spec!r} is not a Slurm task count list like '2(x3),1'")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts
 
@@ -100,7 +110,7 @@ def _torchrun(env):
     if "TORCHELASTIC_RUN_ID" not in env and not env.get("HBMCOLL_JOB_KEY") and size[1] > 1:
         # No launcher id: two such jobs started by one process (mp.spawn twice) look the same,
         # and their ranks could pair up. Refuse rather than guess.
-        raise ValueError(
+        raise ArgumentError(
             "RANK/WORLD_SIZE are set without a launcher's job id (torch.multiprocessing.spawn "
             "style), so this job cannot be told apart from another started the same way: set "
             "HBMCOLL_JOB_KEY to a secret unique to this job and the same on all its ranks (e.g. "
@@ -141,7 +151,7 @@ def _srun(env):
     else:  # uneven nodes: pick ours by the step-relative node index
         node = _int(env, "SLURM_NODEID")
         if not 0 <= node < len(counts):
-            raise ValueError(f"SLURM_NODEID={node} is outside {per_node_var}={env[per_node_var]!r}")
+            raise ArgumentError(f"SLURM_NODEID={node} is outside {per_node_var}={env[per_node_var]!r}")
         local_size = counts[node]
     values = [("SLURM_PROCID", _int(env, "SLURM_PROCID")), (size_var, _int(env, size_var)),
               ("SLURM_LOCALID", _int(env, "SLURM_LOCALID")), (per_node_var, local_size)]
@@ -176,13 +186,13 @@ def detect(environ=os.environ):
     (rank_n, rank), (size_n, size), (lrank_n, lrank), (lsize_n, lsize) = values
 
     if size < 1 or lsize < 1:
-        raise ValueError(f"{launcher}: sizes must be >= 1, got {size_n}={size}, {lsize_n}={lsize}")
+        raise ArgumentError(f"{launcher}: sizes must be >= 1, got {size_n}={size}, {lsize_n}={lsize}")
     if not 0 <= rank < size:
-        raise ValueError(f"{launcher}: {rank_n}={rank} is outside 0..{size - 1} ({size_n}={size})")
+        raise ArgumentError(f"{launcher}: {rank_n}={rank} is outside 0..{size - 1} ({size_n}={size})")
     if lsize > size:
-        raise ValueError(f"{launcher}: {lsize_n}={lsize} exceeds {size_n}={size}")
+        raise ArgumentError(f"{launcher}: {lsize_n}={lsize} exceeds {size_n}={size}")
     if not 0 <= lrank < lsize:
-        raise ValueError(
+        raise ArgumentError(
             f"{launcher}: {lrank_n}={lrank} is outside 0..{lsize - 1} ({lsize_n}={lsize})")
 
     needs_secret = launcher != "single"

@@ -1,0 +1,88 @@
+/*
+ * round.h - the round layer: the steps every algorithm is written in.
+ *
+ * A collective is a run of numbered rounds, the same numbers on every rank. In a round a
+ * rank stages data in its slot and publishes (its arrival), waits for the peers it needs,
+ * consumes what they published, and says it has finished reading (done). This layer owns
+ * the round numbers, which of a rank's two slots a round uses and when the slot may be
+ * refilled, and the descriptors ranks compare before any data moves; it reaches the other
+ * ranks only through the transport table (transport.h). Algorithms (algo_*.c) call these
+ * functions and nothing of the communicator's insides.
+ *
+ * Every function returning int gives 0 or the communicator's failure code, the same on
+ * every rank (COLL_EMISMATCH, COLL_EPEERLOST, -ETIMEDOUT, ...).
+ */
+#ifndef COLL_ROUND_H
+#define COLL_ROUND_H
+
+#include "coll_internal.h"
+
+/* ---- a collective's rounds ---- */
+/* Start a collective: my descriptor says what I call (algo: the path I chose, 0 none;
+ * send_off/recv_off: where peers find my buffers in the shared segment, 0: they do not).
+ * Returns t0, its first round. */
+uint64_t coll__round_begin(coll_comm_t *c, const coll_args_t *a, int algo, uint64_t send_off,
+                           uint64_t recv_off);
+/* My descriptor's offsets are addresses in my process (single copy, cma.c). */
+void coll__round_single_copy(coll_comm_t *c);
+/* The collective's last round; the next collective starts after it. */
+static inline void coll__round_end(coll_comm_t *c, uint64_t last) { c->round = last; }
+/* The round the next collective (or the one being set up) starts at. */
+static inline uint64_t coll__round_next(const coll_comm_t *c) { return c->round + 1; }
+/* The collective ends at round `last` and hands over to another algorithm that begins its
+ * own rounds (a descriptor of one call, not two, in error messages). */
+void coll__round_handover(coll_comm_t *c, uint64_t last);
+
+/* ---- descriptors ---- */
+/* Wait for peer's arrival at t0 and compare its descriptor with mine (COLL_EMISMATCH,
+ * naming both calls, on any difference). */
+int coll__meet(coll_comm_t *c, int peer, uint64_t t0);
+int coll__meet_all(coll_comm_t *c, uint64_t t0);
+/* Compare a peer's descriptor (it has arrived at the first round already). */
+int coll__validate(coll_comm_t *c, int peer);
+const coll__desc_t *coll__peer_desc(coll_comm_t *c, int peer);
+
+/* ---- staging and signals ---- */
+/* My slot for data published at round t, once its readers finished with what it held. */
+int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p);
+/* Publish my arrival at round t; what I staged for t is read by `reader` (-1: every rank)
+ * until round `until`, when they say done. */
+void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, uint64_t until);
+/* coll__stage, a copy of len bytes from src, coll__publish_staged(c, t, reader, t). */
+int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
+void coll__publish(coll_comm_t *c, uint64_t t); /* my arrival at t, no data of mine */
+void coll__finish(coll_comm_t *c, uint64_t t);  /* done reading what was published at t */
+int coll__wait(coll_comm_t *c, int peer, uint64_t t);
+int coll__wait_all(coll_comm_t *c, uint64_t t);
+int coll__wait_finished(coll_comm_t *c, int peer, uint64_t t);
+int coll__wait_all_finished(coll_comm_t *c, uint64_t t);
+/* What `peer` staged for round t. */
+const uint8_t *coll__peer_slot(coll_comm_t *c, int peer, uint64_t t);
+
+/* A collective made of K all-to-all rounds (K >= 1, so it always meets): round k stages
+ * my slot with fill(ctx, k, slot), publishes, then takes what every peer staged: one peer
+ * at a time from my right (take(ctx, k, peer, slot); at the first round each is compared
+ * with me first), or with take_each 0 all at once after all arrived (take(ctx, k, -1,
+ * NULL)); then says done. */
+typedef void (*coll__fill_fn)(void *ctx, uint64_t k, uint8_t *slot);
+typedef void (*coll__take_fn)(void *ctx, uint64_t k, int peer, const uint8_t *slot);
+int coll__exchange(coll_comm_t *c, const coll_args_t *a, uint64_t K, coll__fill_fn fill,
+                   coll__take_fn take, int take_each, void *ctx);
+/* Stage piece [off, off+len) of each of P blocks of nbytes from src side by side, piece
+ * bytes apart, into slot; block `skip` (-1: none) is left out. */
+void coll__stage_pieces(uint8_t *slot, const uint8_t *src, size_t nbytes, size_t piece,
+                        size_t off, size_t len, int P, int skip);
+
+/* ---- what algorithms may know of the segment ---- */
+static inline size_t coll__slot_bytes(const coll_comm_t *c) { return c->hdr->slot_bytes; }
+/* From this many bytes, results are written with streaming stores (the same on every rank). */
+static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->stream_min; }
+/* The address of a segment offset a peer published. */
+static inline uint8_t *coll__shared(coll_comm_t *c, uint64_t off) { return c->base + off; }
+/* Single copy with a peer's process: read (write 0) or write n bytes at its address remote. */
+int coll__peer_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write);
+
+static inline size_t coll__min(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+#endif /* COLL_ROUND_H */
