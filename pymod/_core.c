@@ -80,7 +80,7 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   self->owner_thread = PyThread_get_thread_ident();
   if (size < 1 || rank < 0 || rank >= size) {
     Py_DECREF(self);
-    return PyErr_Format(PyExc_ValueError, "rank %d is not in range for size %d", rank, size);
+    return hb_bad_arg("rank %d is not in range for size %d", rank, size);
   }
   coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = timeout,
                             .interrupt = hb_interrupt};
@@ -138,7 +138,7 @@ static int hb_elems(hb_state_t *st, const hb_buf_t *b, const char *name, size_t 
   (void)st;
   size_t es = coll_dtype_size(b->dtype);
   if (b->nbytes % es) {
-    PyErr_Format(PyExc_ValueError, "%s: %zu bytes is not a whole number of %s elements", name,
+    hb_bad_arg("%s: %zu bytes is not a whole number of %s elements", name,
                  b->nbytes, coll_dtype_name(b->dtype));
     return -1;
   }
@@ -154,15 +154,15 @@ int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op
   memset(a, 0, sizeof *a);
   int size = coll_comm_size(self->comm), rank = coll_comm_rank(self->comm);
   if (kind < 0 || kind >= COLL_KIND_COUNT) {
-    PyErr_SetString(PyExc_ValueError, "unknown collective");
+    hb_bad_arg("unknown collective");
     return -1;
   }
   if (op < 0 || op >= COLL_OP_COUNT) {
-    PyErr_SetString(PyExc_ValueError, "unknown reduction op");
+    hb_bad_arg("unknown reduction op");
     return -1;
   }
   if (root < 0 || root >= size) {
-    PyErr_Format(PyExc_ValueError, "root %d is not a rank of this communicator (size %d)", root, size);
+    hb_bad_arg("root %d is not a rank of this communicator (size %d)", root, size);
     return -1;
   }
   a->kind = (coll_kind_t)kind;
@@ -219,7 +219,7 @@ int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op
     break;
   }
   if (shape_err) {
-    PyErr_Format(PyExc_ValueError, "%s: %s", coll_kind_name(a->kind), shape_err);
+    hb_bad_arg("%s: %s", coll_kind_name(a->kind), shape_err);
     goto fail;
   }
   return 0;
@@ -249,16 +249,16 @@ static int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, in
   }
   int size = self->comm ? coll_comm_size(self->comm) : 1;
   if (v[0] < 0 || v[0] >= COLL_KIND_COUNT) {
-    PyErr_SetString(PyExc_ValueError, "unknown collective");
+    hb_bad_arg("unknown collective");
     return -1;
   }
   if (v[1] < 0 || v[1] >= COLL_OP_COUNT) {
-    PyErr_SetString(PyExc_ValueError, "unknown reduction op");
+    hb_bad_arg("unknown reduction op");
     return -1;
   }
   if (v[2] < 0 || v[2] >= size) {
     if (at[2] < n)
-      PyErr_Format(PyExc_ValueError, "root %R is not a rank of this communicator (size %d)",
+      hb_bad_arg("root %R is not a rank of this communicator (size %d)",
                    args[at[2]], size);
     return -1;
   }
@@ -366,7 +366,7 @@ static PyObject *comm_set_algorithm(hb_comm_t *self, PyObject *args) {
   if (hb_comm_lock(self) != 0) return NULL;
   int rc = coll_set_algorithm(self->comm, (coll_kind_t)kind, name);
   hb_comm_unlock(self);
-  if (rc) return PyErr_Format(PyExc_ValueError, "unknown algorithm '%s' for this collective", name);
+  if (rc) return hb_bad_arg("unknown algorithm '%s' for this collective", name);
   Py_RETURN_NONE;
 }
 

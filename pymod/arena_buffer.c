@@ -20,7 +20,7 @@ typedef struct {
 PyObject *hb_comm_arena_alloc(hb_comm_t *self, PyObject *args) {
   Py_ssize_t nbytes;
   if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
-  if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "negative size");
+  if (nbytes < 0) return hb_bad_arg("negative size");
   if (self->comm == NULL) return hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
   const char *failed = NULL;
   int code = coll_comm_error(self->comm, &failed);

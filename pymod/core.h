@@ -52,6 +52,8 @@ int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
  * returns NULL */
 int hb_errors_init(hb_state_t *st, PyObject *module);
 PyObject *hb_raise(hb_state_t *st, int code, const char *text);
+/* raise hbmcoll.ArgumentError (COLL_EBADARG) with a PyUnicode_FromFormat text; NULL */
+PyObject *hb_bad_arg(const char *fmt, ...);
 /* comm_lock.c */
 void hb_comm_lock_init(hb_comm_t *self);
 void hb_comm_lock_destroy(hb_comm_t *self);

@@ -28,3 +28,17 @@ PyObject *hb_raise(hb_state_t *st, int code, const char *text) {
   Py_DECREF(exc);
   return NULL;
 }
+
+PyObject *hb_bad_arg(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  PyObject *text = PyUnicode_FromFormatV(fmt, ap);
+  va_end(ap);
+  PyObject *errors = text ? PyImport_ImportModule("hbmcoll.errors") : NULL;
+  PyObject *exc = errors ? PyObject_CallMethod(errors, "from_code", "iO", COLL_EBADARG, text) : NULL;
+  if (exc) PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+  Py_XDECREF(exc);
+  Py_XDECREF(errors);
+  Py_XDECREF(text);
+  return NULL;
+}

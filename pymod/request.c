@@ -77,7 +77,7 @@ static PyObject *request_wait(hb_request_t *r, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", names, &tobj)) return NULL;
   double timeout = -1;
   if (tobj != Py_None && (timeout = PyFloat_AsDouble(tobj)) < 0) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "timeout must be >= 0");
+    if (!PyErr_Occurred()) hb_bad_arg("timeout must be >= 0");
     return NULL;
   }
   double deadline = request_now() + timeout;

@@ -1,10 +1,12 @@
 """hbmcoll's exceptions: one family, and one mapping from libcoll's codes to it.
 
-Every exception hbmcoll raises for a failure of its own is an `hbmcoll.Error` with
-`.code` (libcoll's code: a negative errno, or one of the COLL_E* codes of coll.h) and
-`.name` ("EMISMATCH", "ETIMEDOUT", ...). Where Python has a matching built-in exception the
-class derives from it too, so `except ValueError` / `except MemoryError` /
-`except TimeoutError` / `except OSError` keep working. The C extension turns every code
+Every exception hbmcoll raises is a `CodedError` with `.code` (libcoll's code: a negative
+errno, or one of the COLL_E* codes of coll.h) and `.name` ("EMISMATCH", "ETIMEDOUT", ...).
+Failures of a communicator or a collective are `hbmcoll.Error`s. A misuse (`ArgumentError`,
+also a ValueError) is not: it is found before anything moves and leaves the communicator
+usable, so `except hbmcoll.Error` around a training step does not swallow a programming
+error. Where Python has a matching built-in exception the class derives from it too, so
+`except ValueError` / `except MemoryError` / `except TimeoutError` / `except OSError` work. The C extension turns every code
 into an exception through `from_code` below, and so does the Python code: one mapping.
 """
 import builtins
@@ -26,8 +28,8 @@ def code_name(code):
     return errno.errorcode.get(-code, "UNKNOWN") if code < 0 else "UNKNOWN"
 
 
-class Error(RuntimeError):
-    """A collective or communicator failed. `.code`: libcoll's code; `.name`: its name."""
+class CodedError(Exception):
+    """What every hbmcoll exception is: `.code`, libcoll's code; `.name`, its name."""
     code = EABORTED
 
     def __init__(self, *args, code=None):
@@ -38,6 +40,10 @@ class Error(RuntimeError):
     @property
     def name(self):
         return code_name(self.code)
+
+
+class Error(CodedError, RuntimeError):
+    """A collective or communicator failed (the communicator is closed for good)."""
 
 
 class MismatchError(Error):
@@ -55,8 +61,9 @@ class TimeoutError(Error, builtins.TimeoutError):
     code = -errno.ETIMEDOUT
 
 
-class ArgumentError(Error, ValueError):
-    """An argument or an HBMCOLL_* setting is not valid; found before anything moved."""
+class ArgumentError(CodedError, ValueError):
+    """An argument or an HBMCOLL_* setting is not valid; found before anything moved (not an
+    Error: the communicator stays usable)."""
     code = EBADARG
 
 
