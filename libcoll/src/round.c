@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "round.h"
-#include "transport.h"
 
 uint64_t coll__round_begin(coll_comm_t *c, const coll_args_t *a, int algo, uint64_t send_off,
                            uint64_t recv_off) {
@@ -42,8 +41,6 @@ void coll__round_handover(coll_comm_t *c, uint64_t last) {
   c->round = last;
   c->extra_seq++; /* error messages count calls, not descriptors */
 }
-
-const coll__desc_t *coll__peer_desc(coll_comm_t *c, int peer) { return c->tp->desc(c, peer, c->seq); }
 
 static int round_uses_op(coll_kind_t k) {
   return k == COLL_REDUCE || k == COLL_ALLREDUCE || k == COLL_REDUCE_SCATTER;
@@ -81,7 +78,7 @@ int coll__validate(coll_comm_t *c, int peer) {
 }
 
 int coll__meet(coll_comm_t *c, int peer, uint64_t t0) {
-  int rc = c->tp->wait(c, peer, COLL_FLAG_ARRIVE, t0);
+  int rc = c->tp->wait_arrive(c, peer, t0);
   return rc ? rc : coll__validate(c, peer);
 }
 
@@ -93,22 +90,6 @@ int coll__meet_all(coll_comm_t *c, uint64_t t0) {
   return 0;
 }
 
-int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p) {
-  int parity = (int)(t & 1);
-  uint64_t need = c->slot_last_read[parity];
-  int reader = c->slot_reader[parity];
-  int rc = reader >= 0 ? coll__wait_finished(c, reader, need) : coll__wait_all_finished(c, need);
-  if (rc) return rc;
-  *slot_p = c->tp->slot(c, c->rank, parity);
-  return 0;
-}
-
-void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, uint64_t until) {
-  c->tp->publish(c, COLL_FLAG_ARRIVE, t);
-  c->slot_last_read[t & 1] = until;
-  c->slot_reader[t & 1] = reader;
-}
-
 int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader) {
   uint8_t *slot;
   int rc = coll__stage(c, t, &slot);
@@ -118,16 +99,9 @@ int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int read
   return 0;
 }
 
-void coll__publish(coll_comm_t *c, uint64_t t) { c->tp->publish(c, COLL_FLAG_ARRIVE, t); }
-void coll__finish(coll_comm_t *c, uint64_t t) { c->tp->publish(c, COLL_FLAG_DONE, t); }
-int coll__wait(coll_comm_t *c, int peer, uint64_t t) { return c->tp->wait(c, peer, COLL_FLAG_ARRIVE, t); }
-int coll__wait_finished(coll_comm_t *c, int peer, uint64_t t) {
-  return c->tp->wait(c, peer, COLL_FLAG_DONE, t);
-}
-
 int coll__wait_all(coll_comm_t *c, uint64_t t) {
   for (int k = 1; k < c->size; k++) {
-    int rc = c->tp->wait(c, (c->rank + k) % c->size, COLL_FLAG_ARRIVE, t);
+    int rc = c->tp->wait_arrive(c, (c->rank + k) % c->size, t);
     if (rc) return rc;
   }
   return 0;
@@ -135,18 +109,10 @@ int coll__wait_all(coll_comm_t *c, uint64_t t) {
 
 int coll__wait_all_finished(coll_comm_t *c, uint64_t t) {
   for (int k = 1; k < c->size; k++) {
-    int rc = c->tp->wait(c, (c->rank + k) % c->size, COLL_FLAG_DONE, t);
+    int rc = c->tp->wait_done(c, (c->rank + k) % c->size, t);
     if (rc) return rc;
   }
   return 0;
-}
-
-const uint8_t *coll__peer_slot(coll_comm_t *c, int peer, uint64_t t) {
-  return c->tp->slot(c, peer, (int)(t & 1));
-}
-
-int coll__peer_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write) {
-  return c->tp->copy_peer(c, peer, local, remote, n, write);
 }
 
 static int round_exchange(coll_comm_t *c, uint64_t t0, uint64_t k, coll__fill_fn fill,

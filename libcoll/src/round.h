@@ -40,24 +40,42 @@ int coll__meet(coll_comm_t *c, int peer, uint64_t t0);
 int coll__meet_all(coll_comm_t *c, uint64_t t0);
 /* Compare a peer's descriptor (it has arrived at the first round already). */
 int coll__validate(coll_comm_t *c, int peer);
-const coll__desc_t *coll__peer_desc(coll_comm_t *c, int peer);
+static inline const coll__desc_t *coll__peer_desc(coll_comm_t *c, int peer) {
+  return c->tp->desc(c, peer, c->seq);
+}
 
 /* ---- staging and signals ---- */
+int coll__wait_all(coll_comm_t *c, uint64_t t);
+int coll__wait_all_finished(coll_comm_t *c, uint64_t t);
 /* My slot for data published at round t, once its readers finished with what it held. */
-int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p);
+static inline int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p) {
+  int parity = (int)(t & 1), reader = c->slot_reader[parity];
+  uint64_t need = c->slot_last_read[parity];
+  int rc = reader >= 0 ? c->tp->wait_done(c, reader, need) : coll__wait_all_finished(c, need);
+  if (rc) return rc;
+  *slot_p = c->tp->slot(c, c->rank, parity);
+  return 0;
+}
 /* Publish my arrival at round t; what I staged for t is read by `reader` (-1: every rank)
  * until round `until`, when they say done. */
-void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, uint64_t until);
+static inline void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, uint64_t until) {
+  c->tp->publish_arrive(c, t);
+  c->slot_last_read[t & 1] = until;
+  c->slot_reader[t & 1] = reader;
+}
 /* coll__stage, a copy of len bytes from src, coll__publish_staged(c, t, reader, t). */
 int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
-void coll__publish(coll_comm_t *c, uint64_t t); /* my arrival at t, no data of mine */
-void coll__finish(coll_comm_t *c, uint64_t t);  /* done reading what was published at t */
-int coll__wait(coll_comm_t *c, int peer, uint64_t t);
-int coll__wait_all(coll_comm_t *c, uint64_t t);
-int coll__wait_finished(coll_comm_t *c, int peer, uint64_t t);
-int coll__wait_all_finished(coll_comm_t *c, uint64_t t);
+/* my arrival at t, no data of mine; done reading what was published at t */
+static inline void coll__publish(coll_comm_t *c, uint64_t t) { c->tp->publish_arrive(c, t); }
+static inline void coll__finish(coll_comm_t *c, uint64_t t) { c->tp->publish_done(c, t); }
+static inline int coll__wait(coll_comm_t *c, int peer, uint64_t t) { return c->tp->wait_arrive(c, peer, t); }
+static inline int coll__wait_finished(coll_comm_t *c, int peer, uint64_t t) {
+  return c->tp->wait_done(c, peer, t);
+}
 /* What `peer` staged for round t. */
-const uint8_t *coll__peer_slot(coll_comm_t *c, int peer, uint64_t t);
+static inline const uint8_t *coll__peer_slot(coll_comm_t *c, int peer, uint64_t t) {
+  return c->tp->slot(c, peer, (int)(t & 1));
+}
 
 /* A collective made of K all-to-all rounds (K >= 1, so it always meets): round k stages
  * my slot with fill(ctx, k, slot), publishes, then takes what every peer staged: one peer
@@ -80,7 +98,10 @@ static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->str
 /* The address of a segment offset a peer published. */
 static inline uint8_t *coll__shared(coll_comm_t *c, uint64_t off) { return c->base + off; }
 /* Single copy with a peer's process: read (write 0) or write n bytes at its address remote. */
-int coll__peer_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write);
+static inline int coll__peer_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n,
+                                  int write) {
+  return c->tp->copy_peer(c, peer, local, remote, n, write);
+}
 
 static inline size_t coll__min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t coll__div_up(size_t a, size_t b) { return (a + b - 1) / b; }

@@ -22,15 +22,15 @@
 
 typedef struct coll__desc coll__desc_t;
 
-typedef enum { COLL_FLAG_ARRIVE = 0, COLL_FLAG_DONE = 1 } coll__flag_t;
-
 typedef struct coll__transport {
   const char *name;
-  /* Set my `flag` to `round` and wake whoever waits on it. */
-  void (*publish)(coll_comm_t *c, coll__flag_t flag, uint64_t round);
-  /* Until peer's `flag` reaches `round`: 0, or the communicator's failure code (a dead
-   * peer, Ctrl-C, the deadline, an abort by any rank). */
-  int (*wait)(coll_comm_t *c, int peer, coll__flag_t flag, uint64_t round);
+  /* Set my arrive (done) counter to `round` and wake whoever waits on it. */
+  void (*publish_arrive)(coll_comm_t *c, uint64_t round);
+  void (*publish_done)(coll_comm_t *c, uint64_t round);
+  /* Until peer's arrive (done) counter reaches `round`: 0, or the communicator's failure
+   * code (a dead peer, Ctrl-C, the deadline, an abort by any rank). */
+  int (*wait_arrive)(coll_comm_t *c, int peer, uint64_t round);
+  int (*wait_done)(coll_comm_t *c, int peer, uint64_t round);
   /* Staging slot `parity` of `rank` (mine to write, a peer's to read). */
   uint8_t *(*slot)(coll_comm_t *c, int rank, int parity);
   /* Descriptor of `rank` for collective number `seq` (mine to write). */

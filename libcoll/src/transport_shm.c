@@ -5,15 +5,6 @@
  */
 #include "coll_internal.h"
 
-static void shm_publish(coll_comm_t *c, coll__flag_t flag, uint64_t round) {
-  if (flag == COLL_FLAG_ARRIVE) coll__publish_arrive(c, round);
-  else coll__publish_done(c, round);
-}
-
-static int shm_wait(coll_comm_t *c, int peer, coll__flag_t flag, uint64_t round) {
-  return flag == COLL_FLAG_ARRIVE ? coll__wait_arrive(c, peer, round) : coll__wait_done(c, peer, round);
-}
-
 static uint8_t *shm_slot(coll_comm_t *c, int rank, int parity) {
   return c->base + c->hdr->slot_off + ((size_t)rank * 2 + (size_t)parity) * c->hdr->slot_bytes;
 }
@@ -24,8 +15,10 @@ static coll__desc_t *shm_desc(coll_comm_t *c, int rank, uint64_t seq) {
 
 const coll__transport_t coll__shm_transport = {
     .name = "shm",
-    .publish = shm_publish,
-    .wait = shm_wait,
+    .publish_arrive = coll__publish_arrive,
+    .publish_done = coll__publish_done,
+    .wait_arrive = coll__wait_arrive,
+    .wait_done = coll__wait_done,
     .slot = shm_slot,
     .desc = shm_desc,
     .copy_peer = coll__cma_copy,
