@@ -7,14 +7,16 @@
 
 See README.md for the whole API.
 """
-from .errors import (ArgumentError, Error, MismatchError, OutOfMemoryError,  # noqa: F401
-                     PeerLostError, TimeoutError)
+from .errors import (ArgumentError, BootstrapError, CodedError, Error,  # noqa: F401
+                     ForkedError, MismatchError, NotFoundError, NotSupportedError,
+                     OutOfMemoryError, PeerLostError, SystemCallError, TimeoutError)
 from .comm import Communicator, Request, empty, init  # noqa: F401
 
 __version__ = "0.1.0"
 
 __all__ = ["init", "empty", "topology", "Communicator", "Request", "Error", "MismatchError",
-           "PeerLostError", "TimeoutError", "ArgumentError", "OutOfMemoryError"]
+           "PeerLostError", "TimeoutError", "ArgumentError", "OutOfMemoryError", "BootstrapError",
+           "NotSupportedError", "ForkedError", "SystemCallError", "NotFoundError", "CodedError"]
 
 
 def topology(ranks=None):

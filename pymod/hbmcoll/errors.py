@@ -114,3 +114,11 @@ def from_code(code, text=None):
     if -4096 < code < 0:
         return (NotFoundError if code == -errno.ENOENT else SystemCallError)(-code, text)
     return Error(text, code=code)
+
+
+# Tracebacks and reprs name the classes as users import them: hbmcoll.PeerLostError, not
+# hbmcoll.errors.PeerLostError (pickle finds them there too).
+for _cls in (CodedError, Error, MismatchError, PeerLostError, TimeoutError, ArgumentError,
+             OutOfMemoryError, BootstrapError, NotSupportedError, ForkedError, SystemCallError,
+             NotFoundError):
+    _cls.__module__ = "hbmcoll"

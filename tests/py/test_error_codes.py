@@ -41,6 +41,19 @@ def test_every_code_maps_to_one_class_with_its_code(comm1):
     assert hbmcoll._core.Error is hbmcoll.Error and hbmcoll._core.MismatchError is hbmcoll.MismatchError
 
 
+def test_classes_are_named_as_users_import_them():
+    # a traceback prints "hbmcoll.PeerLostError: ...", and a pickled error comes back whole
+    import pickle
+    import traceback
+    for name in ("Error", "PeerLostError", "BootstrapError", "ArgumentError", "NotFoundError"):
+        cls = getattr(hbmcoll, name)
+        assert cls is getattr(errors, name) and cls.__module__ == "hbmcoll", name
+    e = errors.from_code(errors.EPEERLOST, "rank 0 died")
+    assert traceback.format_exception_only(e) == ["hbmcoll.PeerLostError: rank 0 died\n"]
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is hbmcoll.PeerLostError and back.code == errors.EPEERLOST
+
+
 def test_python_and_c_argument_errors_carry_the_code(comm1):
     with pytest.raises(hbmcoll.ArgumentError) as python_side:  # comm.py checks the op
         comm1.allreduce(np.ones(4), op="median")
