@@ -1,9 +1,10 @@
 /*
  * coll_topo_main.c - build/coll-topo: the same thing as `python -m hbmcoll.topo`.
  *
- *   coll-topo [--topology FILE|DIR] [--ranks N] [--memory P] [--bind B] [--json]
+ *   coll-topo [--topology FILE|DIR] [--ranks N] [--memory P] [--bind B] [--json] [--tree]
  *
- * Plans only (applies nothing). FILE is an hwloc XML file, DIR a directory
+ * Plans only (applies nothing). --tree prints the tree the small collectives would run on
+ * (which PU each rank waits on) instead of the placement. FILE is an hwloc XML file, DIR a directory
  * usable as HWLOC_FSROOT. Exit status: 0 ok, 1 error, 2 usage.
  */
 #include <errno.h>
@@ -15,18 +16,20 @@
 
 static int usage(FILE *f) {
   fprintf(f, "usage: coll-topo [--topology FILE|DIR] [--ranks N] [--memory "
-             "auto|hbm_bind|hbm_preferred|hbm_interleave|ddr] [--bind core|cluster|none] [--json]\n");
+             "auto|hbm_bind|hbm_preferred|hbm_interleave|ddr] [--bind core|cluster|none] [--json] [--tree]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   const char *topology = NULL, *memory = NULL, *bind = NULL;
-  int nranks = 0, json = 0;
+  int nranks = 0, json = 0, tree = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--json")) {
       json = 1;
+    } else if (!strcmp(a, "--tree")) {
+      tree = 1;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       return usage(stdout) - 2;
     } else if (v != NULL && !strcmp(a, "--topology")) {
@@ -53,7 +56,7 @@ int main(int argc, char **argv) {
     }
   }
   char *text = NULL;
-  int rc = coll_numa_report(topology, nranks, memory, bind, json, &text);
+  int rc = (tree ? coll_numa_tree_report : coll_numa_report)(topology, nranks, memory, bind, json, &text);
   if (rc != 0) {
     if (rc == -EINVAL && coll_numa_policy_parse(memory, bind, NULL, &(coll_numa_policy_t){0}) != 0)
       fprintf(stderr, "coll-topo: unknown memory or bind policy (memory '%s', bind '%s')\n",

@@ -248,6 +248,8 @@ static int discover_fill(hwloc_topology_t t, coll_numa_topo_t *topo) {
       rc = -ENOMEM;
       goto out_cl;
     }
+    hwloc_obj_t l2 = hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_L2CACHE, co);
+    core->tile = l2 != NULL ? hwloc_bitmap_first(l2->cpuset) : -1;
     for (hwloc_obj_t pu = hwloc_get_next_obj_inside_cpuset_by_type(t, co->cpuset, HWLOC_OBJ_PU, NULL);
          pu != NULL; pu = hwloc_get_next_obj_inside_cpuset_by_type(t, co->cpuset, HWLOC_OBJ_PU, pu))
       core->pus[core->npus++] = pu->os_index;

@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
   int npus;
   unsigned *pus; /* OS indices, hwloc logical order */
+  int tile;      /* first PU of the L2 that holds it (a KNL tile: two cores), -1 none */
 } coll_numa_core_t;
 
 typedef struct {

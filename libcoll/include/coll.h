@@ -235,6 +235,21 @@ int coll_req_test(coll_req_t *req, int *result_p);
 /* Release a request; waits for it first if it is still running. */
 void coll_req_free(coll_req_t *req);
 
+/* The tree small collectives use when there are more than COLL_TREE_FANOUT ranks (and
+ * with HBMCOLL_ALGO=<kind>=tree at any size): ranks ordered by pu (the first CPU each may run
+ * on; < 0 unknown, after every known one; ties by rank); ranks with the same tile (an id of
+ * the L2 their CPUs share, e.g. its first CPU; < 0 none) hang off the first of them, at most
+ * COLL_TREE_FANOUT / 2 per tile. The tile leaders of one cluster (an id of the NUMA domain,
+ * e.g. an SNC quadrant; all < 0 count as one) form a tree in pu order whose subtrees are runs
+ * of neighbouring pus (the first leader heads the rest, cut into k even runs, each headed by
+ * its first), k small enough that no rank has more than COLL_TREE_FANOUT children; the first
+ * leaders of the clusters are joined the same way, with k / 2 children each. Pure: the same arguments give
+ * the same tree on every rank (and in `coll-topo --tree`). Returns 0 and parent[0..n) (the
+ * parent of each rank, -1 for the root); COLL_EBADARG (n < 1, a NULL pointer) or -ENOMEM,
+ * parent untouched. */
+#define COLL_TREE_FANOUT 8
+int coll_tree_build(int n, const int *pu, const int *tile, const int *cluster, int *parent);
+
 /* Forced algorithm for a collective kind (also HBMCOLL_ALGO, e.g.
  * "allreduce=rsag,bcast=flat"): name or NULL for automatic choice. */
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name);

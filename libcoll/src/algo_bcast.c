@@ -55,7 +55,9 @@ static int bcast_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
 int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   size_t chunk = coll__slot_bytes(c);
-  if (nbytes <= c->params.small_max && nbytes <= chunk) return bcast_eager(c, a, nbytes);
+  int small = nbytes <= c->params.small_max && nbytes <= chunk;
+  if (coll__tree_wanted(c, COLL_BCAST, small)) return coll__bcast_tree(c, a);
+  if (small) return bcast_eager(c, a, nbytes);
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, rc;
   uint8_t *buf = a->recv;

@@ -83,7 +83,10 @@ static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbyte
 int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   size_t chunk = coll__slot_bytes(c);
-  if (nbytes <= c->params.small_max && nbytes <= chunk) return gather_eager(c, a, nbytes);
+  int small = nbytes <= c->params.small_max && nbytes <= chunk;
+  if (coll__tree_wanted(c, COLL_GATHER, small && nbytes * (size_t)(c->size - 1) <= chunk))
+    return coll__gather_tree(c, a);
+  if (small) return gather_eager(c, a, nbytes);
   if (c->cma && nbytes >= c->params.cma_min) return gather_single_copy(c, a, nbytes);
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc = 0;

@@ -26,7 +26,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3033ull /* "hbcoll03": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3035ull /* "hbcoll05": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -58,6 +58,8 @@ typedef struct {
   _Atomic int32_t cma_ok;       /* 1: read every peer's probe, 2: could not */
   /* lines 2-3: written once at creation */
   _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
+  int32_t pu, tile, cluster; /* its first CPU, its L2's, its NUMA node (-1 none): its place in
+                              * the tree (tree.c) */
 } coll__ctl_t;
 _Static_assert(offsetof(coll__ctl_t, wake) == COLL_LINE, "flags and descriptors fill one line pair");
 
@@ -70,7 +72,8 @@ typedef struct {
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;
-  _Atomic int32_t abort_ready; /* text below is complete */
+  _Atomic int32_t abort_ready; /* text below and abort_seq are complete */
+  uint64_t abort_seq;          /* the collective (seq) the failing rank was in */
   uint8_t secret[16]; /* random, from rank 0: names split rendezvous (never seen outside) */
   char abort_text[COLL_TEXT_MAX];
 } coll__header_t;
@@ -91,6 +94,7 @@ typedef struct {
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;
+typedef struct coll__tree coll__tree_t;
 typedef struct coll__worker coll__worker_t;
 
 struct coll_comm {
@@ -112,7 +116,8 @@ struct coll_comm {
                                * rsag): messages count calls */
   uint64_t splits;
   uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
-  int slot_reader[2];         /* the one reader of slot[p], or -1 for all */
+  int slot_reader[2];         /* the one reader of slot[p], -1 all, -2-R my children in the
+                               * tree rooted at R */
   uint64_t *seen_done;        /* per peer: done >= this is known */
   int *pidfd;                 /* per peer, from the bootstrap; -1 if none */
   long spin_iters;
@@ -134,6 +139,7 @@ struct coll_comm {
   void *place_arg;
   int *local_of; /* node-local rank of each rank */
   coll__arena_t *arena;
+  coll__tree_t *tree; /* small collectives with many ranks (tree.c); NULL while creating */
   coll__worker_t *worker;
   uint64_t cma_probe; /* the word peers read to test single copy */
   int cma;            /* single copy works between every pair (same on all ranks) */

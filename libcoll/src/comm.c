@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "tree.h"
 
 #define COMM_PAGE 4096
 #define COMM_ALIGN(x, a) (((x) + (a)-1) & ~(size_t)((a)-1))
@@ -83,6 +84,8 @@ static void comm_record_identity(coll_comm_t *c) {
   if (sched_getaffinity(0, sizeof set, &set) == 0)
     for (int cpu = 0; cpu < 1024 && cpu < CPU_SETSIZE; cpu++)
       if (CPU_ISSET(cpu, &set)) me->cpumask[cpu / 64] |= 1ull << (cpu % 64);
+  me->pu = me->tile = me->cluster = -1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) coll__tree_locate(&set, &me->pu, &me->tile, &me->cluster);
 }
 
 /* Before anything touches the segment: control and staging areas near the
@@ -184,6 +187,8 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   c->creating = 0;
   if (rc) return rc;
   c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
+  if ((rc = coll__tree_init(c)) != 0) /* every rank's place is known since the barrier */
+    return comm_fail_local(c, rc, "out of memory");
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
    * off the CPU quickly, since the rank it waits for may need that very CPU;
    * sched_yield does not reliably hand it over (CFS), a futex sleep does. */
@@ -293,6 +298,7 @@ void coll_comm_free(coll_comm_t *c) {
     coll__worker_stop(c);
   coll_comm_leave(c);
   coll__arena_destroy(c);
+  coll__tree_free(c);
   if (c->base) munmap(c->base, c->map_bytes);
   if (c->fd >= 0) close(c->fd);
   if (c->pidfd)

@@ -14,7 +14,9 @@
  *                        and gather/bcast write large outputs so (default: half the
  *                        largest CPU cache; the creating rank's value holds for all)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
- *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"
+ *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"; "tree" for
+ *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
+ *                        default above COLL_TREE_FANOUT ranks, "flat" turns it off)
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
  *                        (cma.c; default 0: staging was faster on the machines we measured)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)
@@ -33,14 +35,14 @@
 
 #include "coll_internal.h"
 
-static const char *const param_algos[COLL_KIND_COUNT][3] = {
-    [COLL_BARRIER] = {"flat", NULL},
-    [COLL_BCAST] = {"flat", "arena", NULL},
-    [COLL_GATHER] = {"flat", NULL},
+static const char *const param_algos[COLL_KIND_COUNT][4] = {
+    [COLL_BARRIER] = {"flat", "tree", NULL},
+    [COLL_BCAST] = {"flat", "arena", "tree", NULL},
+    [COLL_GATHER] = {"flat", "tree", NULL},
     [COLL_SCATTER] = {"flat", NULL},
     [COLL_ALLGATHER] = {"flat", NULL},
-    [COLL_REDUCE] = {"flat", "rsag", NULL},
-    [COLL_ALLREDUCE] = {"flat", "rsag", NULL},
+    [COLL_REDUCE] = {"flat", "rsag", "tree", NULL},
+    [COLL_ALLREDUCE] = {"flat", "rsag", "tree", NULL},
     [COLL_REDUCE_SCATTER] = {"flat", NULL},
     [COLL_ALLTOALL] = {"flat", NULL},
 };
@@ -55,7 +57,7 @@ const char *coll_kind_name(coll_kind_t kind) {
 
 int coll__algo_id(coll_kind_t kind, const char *name) {
   if ((unsigned)kind >= COLL_KIND_COUNT || name == NULL) return COLL_EBADARG;
-  for (int i = 0; i < 3 && param_algos[kind][i]; i++)
+  for (int i = 0; i < 4 && param_algos[kind][i]; i++)
     if (strcmp(param_algos[kind][i], name) == 0) return i + 1;
   return COLL_EBADARG;
 }
@@ -151,7 +153,8 @@ static int param_algo_list(coll__params_t *p, char *err, size_t errlen) {
     if (id < 0)
       return param_bad(err, errlen, "HBMCOLL_ALGO", s,
                        "give collective=algorithm pairs such as allreduce=rsag,bcast=flat "
-                       "(algorithms: flat; allreduce and reduce also rsag; bcast also arena)");
+                       "(algorithms: flat; allreduce and reduce also rsag; bcast also arena; barrier, "
+                       "bcast, gather, reduce and allreduce also tree)");
     p->algo[k] = id;
   }
   return 0;

@@ -115,6 +115,30 @@ int coll__wait_all_finished(coll_comm_t *c, uint64_t t) {
   return 0;
 }
 
+int coll__wait_children_finished(coll_comm_t *c, int root, uint64_t t) {
+  coll__tree_view_t v;
+  coll__tree_view(c, root, &v);
+  for (int i = 0; i < v.n; i++) {
+    int rc = c->tp->wait_done(c, v.child[i], t);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int coll__tree_meet(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t0) {
+  int rc = v->parent >= 0 ? coll__meet(c, v->parent, t0) : 0;
+  for (int i = 0; i < v->n && rc == 0; i++) rc = coll__meet(c, v->child[i], t0);
+  return rc;
+}
+
+int coll__wait_children(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t) {
+  for (int i = 0; i < v->n; i++) {
+    int rc = c->tp->wait_arrive(c, v->child[i], t);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int round_exchange(coll_comm_t *c, uint64_t t0, uint64_t k, coll__fill_fn fill,
                           coll__take_fn take, int take_each, void *ctx) {
   uint64_t t = t0 + k;

@@ -16,6 +16,7 @@
 #define COLL_ROUND_H
 
 #include "coll_internal.h"
+#include "tree.h"
 
 /* ---- a collective's rounds ---- */
 /* Start a collective: my descriptor says what I call (algo: the path I chose, 0 none;
@@ -47,22 +48,27 @@ static inline const coll__desc_t *coll__peer_desc(coll_comm_t *c, int peer) {
 /* ---- staging and signals ---- */
 int coll__wait_all(coll_comm_t *c, uint64_t t);
 int coll__wait_all_finished(coll_comm_t *c, uint64_t t);
+/* Until my children in the tree rooted at `root` said done for round t. */
+int coll__wait_children_finished(coll_comm_t *c, int root, uint64_t t);
 /* My slot for data published at round t, once its readers finished with what it held. */
 static inline int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p) {
   int parity = (int)(t & 1), reader = c->slot_reader[parity];
   uint64_t need = c->slot_last_read[parity];
-  int rc = reader >= 0 ? c->tp->wait_done(c, reader, need) : coll__wait_all_finished(c, need);
+  int rc = reader >= 0    ? c->tp->wait_done(c, reader, need)
+           : reader == -1 ? coll__wait_all_finished(c, need)
+                          : coll__wait_children_finished(c, -2 - reader, need);
   if (rc) return rc;
   *slot_p = c->tp->slot(c, c->rank, parity);
   return 0;
 }
-/* Publish my arrival at round t; what I staged for t is read by `reader` (-1: every rank)
- * until round `until`, when they say done. */
+/* Publish my arrival at round t; what I staged for t is read by `reader` (-1: every rank;
+ * coll__tree_readers(root): my children in that tree) until round `until`, when they say done. */
 static inline void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, uint64_t until) {
   c->tp->publish_arrive(c, t);
   c->slot_last_read[t & 1] = until;
   c->slot_reader[t & 1] = reader;
 }
+static inline int coll__tree_readers(int root) { return -2 - root; }
 /* coll__stage, a copy of len bytes from src, coll__publish_staged(c, t, reader, t). */
 int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
 /* my arrival at t, no data of mine; done reading what was published at t */
@@ -76,6 +82,14 @@ static inline int coll__wait_finished(coll_comm_t *c, int peer, uint64_t t) {
 static inline const uint8_t *coll__peer_slot(coll_comm_t *c, int peer, uint64_t t) {
   return c->tp->slot(c, peer, (int)(t & 1));
 }
+
+/* ---- on the tree (tree.h): a rank meets only its parent and children ---- */
+/* Compare the descriptors of my parent and children with mine at t0 (each publishes t0 first
+ * thing). Whatever each rank called, some rank on a tree edge between two different calls
+ * finds the difference before it signals up the tree, so none completes. */
+int coll__tree_meet(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t0);
+/* Until every child of mine arrived at round t. */
+int coll__wait_children(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t);
 
 /* A collective made of K all-to-all rounds (K >= 1, so it always meets): round k stages
  * my slot with fill(ctx, k, slot), publishes, then takes what every peer staged: one peer

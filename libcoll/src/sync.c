@@ -93,6 +93,7 @@ int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) {
   int32_t expected = 0;
   if (atomic_compare_exchange_strong(&c->hdr->abort_code, &expected, code)) {
     memcpy(c->hdr->abort_text, text, sizeof text);
+    c->hdr->abort_seq = c->seq;
     atomic_store(&c->hdr->abort_rank, c->rank);
     atomic_store(&c->hdr->abort_ready, 1);
     coll__wake_all(c);
@@ -195,14 +196,31 @@ static void sync_warn_stall(coll_comm_t *c, int peer, int arrival, uint64_t targ
              c->params.timeout_s > 0 ? "" : "; HBMCOLL_TIMEOUT=S makes such a wait an error");
 }
 
+/* Whether the communicator's failure ends my wait: not one found in a later collective than
+ * mine. A rank in a later collective has finished mine, so every rank took its part in
+ * mine and what I wait for comes (a tree forwards it through ranks that are still in it);
+ * a peer that dies on the way is found by my own check of it. */
+static int sync_abort_applies(coll_comm_t *c) {
+  if (atomic_load_explicit(&c->hdr->abort_code, memory_order_acquire) == 0) return 0;
+  for (int i = 0; i < 100000 && !atomic_load(&c->hdr->abort_ready); i++) sync_relax();
+  return !atomic_load(&c->hdr->abort_ready) || c->hdr->abort_seq <= c->seq || c->error;
+}
+
+/* The failure code, unless what I wait for has come meanwhile. */
+static int sync_failed(coll_comm_t *c, _Atomic uint64_t *flag, uint64_t target) {
+  int rc = coll__check_abort(c);
+  return rc && atomic_load_explicit(flag, memory_order_acquire) < target ? rc : 0;
+}
+
 static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t target,
                      const char *what) {
   if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
   for (long i = 0; i < c->spin_iters; i++) {
     sync_relax();
     if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
-    if ((i & 255) == 255 && atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed))
-      return coll__check_abort(c);
+    if ((i & 255) == 255 && atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) &&
+        sync_abort_applies(c))
+      return sync_failed(c, flag, target);
   }
   coll__ctl_t *pc = &c->ctl[peer];
   double start = sync_now(), next_check = start + SYNC_CHECK_S;
@@ -211,8 +229,8 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
   int yields = 0;
   for (;;) {
     if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
-    int rc = coll__check_abort(c);
-    if (rc) return rc;
+    int rc;
+    if (sync_abort_applies(c)) return sync_failed(c, flag, target);
     double now = sync_now();
     if (yields < c->yield_budget && now - start < SYNC_YIELD_S) {
       yields++;
@@ -221,8 +239,7 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
       uint32_t w = atomic_load_explicit(&pc->wake, memory_order_seq_cst);
       atomic_fetch_add_explicit(&pc->sleepers, 1, memory_order_seq_cst);
       atomic_thread_fence(memory_order_seq_cst);
-      if (atomic_load_explicit(flag, memory_order_acquire) < target &&
-          !atomic_load(&c->hdr->abort_code)) {
+      if (atomic_load_explicit(flag, memory_order_acquire) < target && !sync_abort_applies(c)) {
         struct timespec ts = {0, SYNC_SLICE_MS * 1000000L};
         syscall(SYS_futex, &pc->wake, FUTEX_WAIT, w, &ts, NULL, 0);
       }

@@ -153,6 +153,14 @@ int coll_numa_plan_render(const coll_numa_topo_t *topo, const coll_numa_plan_t *
 int coll_numa_report(const char *topology_path, int nranks, const char *memory_policy,
                      const char *bind_policy, int json, char **text_p);
 
+/* The tree hbmcoll's small collectives would run on for that plan (libcoll's
+ * coll_tree_build fed each rank's first PU and L2 tile): per rank its PU, tile,
+ * level, parent and children, and the PUs it waits on. json as above: {"fanout",
+ * "depth", "ranks": [{"rank", "pu", "tile", "level", "parent", "parent_pu",
+ * "children_pus": [...]}]} (-1 where there is none). Returns as coll_numa_report. */
+int coll_numa_tree_report(const char *topology_path, int nranks, const char *memory_policy,
+                          const char *bind_policy, int json, char **text_p);
+
 /* ---- 3. apply (this machine) -------------------------------------------- */
 
 /* For local rank local_rank of local_size: discover this machine, plan with

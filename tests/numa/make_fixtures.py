@@ -27,6 +27,11 @@ KNL = {
     "snc2": ("SNC2", "package:1 group:2 {mem} l2:16 core:2 pu:4"),
     "snc4": ("SNC4", "package:1 group:4 {mem} l2:8 core:2 pu:4"),
 }
+# KNL 7290-like: 72 cores in 36 tiles (the largest Xeon Phi), for the tree plan checks.
+KNL72 = {
+    "quad": ("Quadrant", "package:1 {mem} l2:36 core:2 pu:4"),
+    "snc4": ("SNC4", "package:1 group:4 {mem} l2:9 core:2 pu:4"),
+}
 # DDR 96 GB + MCDRAM 16 GB, split over the clusters
 KNL_NCL = {"quad": 1, "snc2": 2, "snc4": 4}
 
@@ -79,8 +84,8 @@ def wrap_ddr_in_memcache(path, cache_bytes, ddr_logical):
         os.unlink(tmp)
 
 
-def knl(cluster, mode):
-    cmode, shape = KNL[cluster]
+def knl(cluster, mode, shapes=KNL, prefix="knl"):
+    cmode, shape = shapes[cluster]
     ncl = KNL_NCL[cluster]
     ddr = 96 * GB // ncl
     mcdram = 16 * GB // ncl
@@ -90,7 +95,7 @@ def knl(cluster, mode):
         mem = f"[numa(memory={ddr})]"
     else:  # hybrid 50: half the MCDRAM is a cache, half a NUMA node
         mem = f"[numa(memory={ddr})] [numa(memory={mcdram // 2})]"
-    path = os.path.join(OUT, f"knl-{cluster}-{mode}.xml")
+    path = os.path.join(OUT, f"{prefix}-{cluster}-{mode}.xml")
     synth(shape.format(mem=mem), path)
     per = 1 if mode == "cache" else 2
     if mode != "cache":
@@ -121,6 +126,8 @@ def main():
     for cluster in KNL:
         for mode in ("flat", "cache", "hybrid"):
             knl(cluster, mode)
+    knl("quad", "cache", KNL72, "knl72")
+    knl("snc4", "flat", KNL72, "knl72")
     xeonmax("xeonmax-2s-snc4-flat.xml", hbm_bw=250000)
     # negative case: a slower-than-2x second tier (CXL-like) is not HBM
     xeonmax("2s-snc4-second-tier-1.5x.xml", hbm_bw=105000)

@@ -45,6 +45,8 @@ EXPECT = {
     "knl-snc4-flat.xml": ("flat", "SNC4", [1, 3, 5, 7]),
     "knl-snc4-cache.xml": ("cache", "SNC4", []),
     "knl-snc4-hybrid.xml": ("hybrid", "SNC4", [1, 3, 5, 7]),
+    "knl72-quad-cache.xml": ("cache", "Quadrant", []),
+    "knl72-snc4-flat.xml": ("flat", "SNC4", [1, 3, 5, 7]),
     "xeonmax-2s-snc4-flat.xml": ("flat", None, [1, 3, 5, 7, 9, 11, 13, 15]),
     "2s-snc4-second-tier-1.5x.xml": ("none", None, []),
 }
