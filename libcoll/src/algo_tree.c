@@ -1,8 +1,8 @@
 /*
  * algo_tree.c - small collectives on the tree (tree.c): barrier, and bcast, gather, reduce
  * and allreduce of messages that fit in one staging slot. The default with more than
- * COLL_TREE_FANOUT ranks; HBMCOLL_ALGO=<kind>=tree forces it at any size (larger messages
- * then take the automatic choice).
+ * COLL_TREE_FANOUT ranks when every rank has a CPU of its own; HBMCOLL_ALGO=<kind>=tree
+ * forces it at any size (larger messages then take the automatic choice).
  *
  * Three rounds, the same for every kind:
  *   t0    every rank arrives with its descriptor and compares it with its parent's and its
@@ -31,7 +31,9 @@ enum { TREE_ALGO = 9 }; /* in descriptors: differs from every flat algorithm's i
 int coll__tree_wanted(const coll_comm_t *c, coll_kind_t kind, int fits) {
   if (!fits || c->tree == NULL) return 0;
   int forced = c->params.algo[kind];
-  return forced ? forced == coll__algo_id(kind, "tree") : c->size > COLL_TREE_FANOUT;
+  /* oversubscribed, a wait sleeps instead of polling, and each level of the tree costs a
+   * wake-up in turn: flat is faster there (bench/README.md) */
+  return forced ? forced == coll__algo_id(kind, "tree") : c->size > COLL_TREE_FANOUT && c->hdr->roomy;
 }
 
 static int tree_enter(coll_comm_t *c, const coll_args_t *a, int root, coll__tree_view_t *v,

@@ -66,7 +66,7 @@ _Static_assert(offsetof(coll__ctl_t, wake) == COLL_LINE, "flags and descriptors 
 typedef struct {
   uint64_t magic;
   int32_t size;
-  int32_t pad;
+  int32_t roomy; /* a CPU for every rank, as rank 0 saw it at creation (the same for all) */
   uint64_t ctl_off, slot_off, slot_bytes, arena_off, arena_bytes, total_bytes;
   uint64_t stream_min; /* creator's HBMCOLL_STREAM_MIN: the same on every rank */
   /* failure state shared by all ranks: first writer wins */

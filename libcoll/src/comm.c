@@ -179,6 +179,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   c->allow_interrupt = 1;
   rc = coll__execute(c, &barrier);
   if (rc == 0) { /* single copy: every rank tries every peer, then all agree */
+    if (c->rank == 0) c->hdr->roomy = coll__job_cpus(c) >= c->size; /* all CPU masks are in */
     coll__cma_check_peers(c);
     rc = coll__execute(c, &barrier);
     coll__cma_agree(c);

@@ -16,7 +16,8 @@
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"; "tree" for
  *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
- *                        default above COLL_TREE_FANOUT ranks, "flat" turns it off)
+ *                        default above COLL_TREE_FANOUT ranks with a CPU each, "flat"
+ *                        turns it off)
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
  *                        (cma.c; default 0: staging was faster on the machines we measured)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)

@@ -7,8 +7,9 @@
  *              rank with more than COLL_TREE_FANOUT children, a tile's ranks under its first
  *              rank, (clusters - 1) edges between clusters, depth of a tree of 4 children
  *   results    barrier, bcast, gather, reduce and allreduce from every root on the tree
- *              (forced at P = 3 and 5, the default at P = 9 and 16), interleaved with flat
- *              and rsag collectives that reuse the same slots; AVG divided once
+ *              (forced at P = 3, 5, 9 and 16; and the default choice at 16), interleaved with
+ *              flat and rsag collectives that reuse the same slots; AVG divided once
+ *   default    above COLL_TREE_FANOUT ranks the tree when every rank has a CPU, else flat
  *   mismatch   disagreements that give the ranks different trees (different roots, kinds,
  *              counts): COLL_EMISMATCH on every rank, no hang
  *   peerlost   a rank killed before it calls: every rank of the tree learns it
@@ -17,6 +18,7 @@
  */
 #define HARNESS_KEY_PREFIX "hbtree"
 #include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -187,6 +189,32 @@ static int rank_mismatch(int rank, int size, const char *key, void *arg) {
   return bad;
 }
 
+/* Ten ranks, one forced to the flat barrier: the others agree with it exactly when the job
+ * has fewer CPUs than ranks (oversubscribed, flat is the default). */
+static int rank_default(int rank, int size, const char *key, void *arg) {
+  (void)arg;
+  cpu_set_t set;
+  int bad = 0, quota_cpus = 1 << 20;
+  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+  if (f) {
+    char q[32];
+    long period = 0;
+    if (fscanf(f, "%31s %ld", q, &period) == 2 && strcmp(q, "max") != 0 && period > 0)
+      quota_cpus = (int)((atol(q) + period - 1) / period);
+    fclose(f);
+  }
+  sched_getaffinity(0, sizeof set, &set);
+  int cpus = CPU_COUNT(&set) < quota_cpus ? CPU_COUNT(&set) : quota_cpus, roomy = cpus >= size;
+  coll_comm_t *c;
+  if (comm_open(rank, size, key, 20, &c)) return 1;
+  if (rank == 3) EXPECT(coll_set_algorithm(c, COLL_BARRIER, "flat") == 0, "set flat");
+  int rc = run(c, COLL_BARRIER, COLL_INT32, COLL_SUM, 0, 0, NULL, NULL);
+  EXPECT(rc == (roomy ? COLL_EMISMATCH : 0), "rank %d: %d CPUs, %d ranks: got %s", rank, cpus, size,
+         coll_err_name(rc));
+  coll_comm_free(c);
+  return bad;
+}
+
 static int rank_dies(int rank, int size, const char *key, void *arg) {
   int victim = (int)(intptr_t)arg, bad = 0;
   coll_comm_t *c;
@@ -204,19 +232,20 @@ int main(int argc, char **argv) {
   if (CASE("build")) test_build();
   int sizes[] = {3, 5, 9, 16};
   for (int i = 0; i < 4; i++)
-    if (CASE("results")) spawn_expect(sizes[i] <= COLL_TREE_FANOUT ? "results: tree forced" : "results: tree by default",
-                                      sizes[i], 240, sizes[i] <= COLL_TREE_FANOUT ? forced : NULL, rank_results, NULL, -1);
+    if (CASE("results")) spawn_expect("results: tree forced", sizes[i], 240, forced, rank_results, NULL, -1);
+  if (CASE("results")) spawn_expect("results: the default choice", 16, 240, NULL, rank_results, NULL, -1);
   static const tree_mm_t mms[] = {{"mismatch: bcast, one rank names another root", 7, 0},
                                   {"mismatch: reduce, every rank names itself root", 0, 1},
                                   {"mismatch: barrier against allreduce", 5, 2},
                                   {"mismatch: allreduce count on a leaf", 9, 3},
                                   {"mismatch: one rank on the flat barrier", 6, 4}};
+  if (CASE("default")) spawn_expect("default: tree with a CPU per rank, else flat", 10, 60, NULL, rank_default, NULL, -1);
   for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++)
     for (int P = 3; P <= 10; P += 7)
-      if (CASE(mms[i].name)) spawn_expect(mms[i].name, P, 60, P <= COLL_TREE_FANOUT ? forced : NULL,
+      if (CASE(mms[i].name)) spawn_expect(mms[i].name, P, 60, forced,
                                           rank_mismatch, (void *)&mms[i], -1);
   for (int victim = 0; victim < 10; victim += 4)
-    if (CASE("peerlost")) spawn_expect("peerlost: a tree rank killed before the barrier", 10, 60, NULL, rank_dies,
+    if (CASE("peerlost")) spawn_expect("peerlost: a tree rank killed before the barrier", 10, 60, forced, rank_dies,
                                        (void *)(intptr_t)victim, victim);
   return harness_finish();
 }
