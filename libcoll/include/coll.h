@@ -44,7 +44,8 @@ typedef enum {
   COLL_ERR_LAST_ = -20009
 } coll_errno_t;
 
-/* Text for any code this library returns (library codes and -errno). */
+/* Text for any code this library returns (library codes and -errno); "success" for 0,
+ * "unknown error" for anything else. Static strings, never NULL. */
 const char *coll_strerror(int code);
 /* Short name: "EMISMATCH", "ETIMEDOUT", ... ("UNKNOWN" otherwise). */
 const char *coll_err_name(int code);
@@ -66,7 +67,9 @@ typedef enum { COLL_SUM = 0, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG, COLL_OP_CO
 
 /* Element size in bytes, or 0 for an unknown dtype. Names are "float32",
  * "sum", ...; "unknown" for a value out of range. */
+/* Bytes per element, or 0 for an unknown dtype. */
 size_t coll_dtype_size(coll_dtype_t dtype);
+/* Static names ("float32", "sum", ...), "unknown" for a value out of range; never NULL. */
 const char *coll_dtype_name(coll_dtype_t dtype);
 const char *coll_op_name(coll_op_t op);
 
@@ -136,7 +139,10 @@ int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
 
 /* Collective over `comm`: ranks with the same color form a new communicator,
  * ordered by (key, old rank). color < 0: this rank joins none and *comm_p is
- * set to NULL. */
+ * set to NULL. Returns 0 and *comm_p; COLL_EBADARG (NULL comm or comm_p),
+ * COLL_EFORKED, -ENOMEM, any return of coll_run (the exchange of colors, which
+ * fails `comm` as coll_run does) or of coll_comm_create (building the new
+ * communicator). *comm_p is untouched on failure; nothing is left to free. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
 /* (If a rank cannot create its part (out of fds, Ctrl-C), `comm` fails on every
  * rank with that reason: the members of its group stop waiting for it.) */
@@ -159,11 +165,14 @@ void coll_comm_abort(coll_comm_t *comm, int reason);
 int coll_comm_forked(const coll_comm_t *comm);
 int coll_comm_owner_pid(const coll_comm_t *comm);
 
+/* This rank and the number of ranks; -1 for a NULL comm. */
 int coll_comm_rank(const coll_comm_t *comm);
 int coll_comm_size(const coll_comm_t *comm);
+/* Replace the interrupt check given at creation (NULL fn: none). */
 void coll_comm_set_interrupt(coll_comm_t *comm, coll_interrupt_fn fn, void *arg);
 /* The first error that failed this communicator (0 while healthy), and a
- * sentence that says what happened ("rank 3 (pid 123) died", ...). */
+ * sentence that says what happened ("rank 3 (pid 123) died", ...), owned by
+ * the communicator; COLL_EBADARG for a NULL comm. */
 int coll_comm_error(const coll_comm_t *comm, const char **text_p);
 /* 1 if large bcast and gather copy straight between the ranks' own buffers
  * (process_vm_readv/writev works between every pair of ranks), else 0. */
@@ -172,8 +181,11 @@ int coll_comm_single_copy(const coll_comm_t *comm);
 /* ---- shared arena (zero-copy buffers) ---------------------------------- */
 /* Local: memory inside this communicator's shared segment, `align`ed (power of
  * two, <= 4096), from this rank's own part of the arena. Collectives whose
- * buffers live here skip a copy. -ENOMEM when the arena is full. */
+ * buffers live here skip a copy. Returns 0 and *ptr_p; -ENOMEM when the arena
+ * is full, COLL_EBADARG (NULL comm or ptr_p, a bad align, a communicator
+ * without arena), COLL_EFORKED; bytes 0 gives a block of one cache line. The memory lives until coll_arena_free or coll_comm_free. */
 int coll_arena_alloc(coll_comm_t *comm, size_t bytes, size_t align, void **ptr_p);
+/* Give back a block of coll_arena_alloc; NULL or a pointer it did not return is ignored. */
 void coll_arena_free(coll_comm_t *comm, void *ptr);
 /* 1 if [ptr, ptr+bytes) lies in this rank's part of the arena. */
 int coll_arena_contains(const coll_comm_t *comm, const void *ptr, size_t bytes);
@@ -225,12 +237,18 @@ typedef struct {
 int coll_run(coll_comm_t *comm, const coll_args_t *args);
 
 /* Nonblocking: queue the collective on the communicator's progress thread and
- * return at once. Buffers must stay valid until the request completes. */
+ * return at once. Buffers must stay valid until the request completes.
+ * Returns 0 and *req_p (free it with coll_req_free); COLL_EBADARG (NULL
+ * pointers, or the arguments coll_run would refuse before communicating),
+ * COLL_EFORKED, the communicator's failure if it has one, -ENOMEM or the
+ * -errno of starting the progress thread. Nothing is queued on failure. */
 int coll_start(coll_comm_t *comm, const coll_args_t *args, coll_req_t **req_p);
 /* Wait up to timeout_s (< 0: for ever) for completion. Returns the
- * collective's result, or -ETIMEDOUT if this wait ran out (the request goes on). */
+ * collective's result (any return of coll_run), -ETIMEDOUT if this wait ran
+ * out (the request goes on), or COLL_EBADARG for a NULL req. */
 int coll_req_wait(coll_req_t *req, double timeout_s);
-/* 1 when complete (*result_p then holds its result), 0 while running. */
+/* 1 when complete (*result_p then holds its result), 0 while running;
+ * COLL_EBADARG for a NULL req. */
 int coll_req_test(coll_req_t *req, int *result_p);
 /* Release a request; waits for it first if it is still running. */
 void coll_req_free(coll_req_t *req);
@@ -251,8 +269,13 @@ void coll_req_free(coll_req_t *req);
 int coll_tree_build(int n, const int *pu, const int *tile, const int *cluster, int *parent);
 
 /* Forced algorithm for a collective kind (also HBMCOLL_ALGO, e.g.
- * "allreduce=rsag,bcast=flat"): name or NULL for automatic choice. */
+ * "allreduce=rsag,bcast=flat"): name, or NULL or "auto" for automatic choice.
+ * Local, but every rank must force the same (a rank on another algorithm makes
+ * the next collective of that kind return COLL_EMISMATCH). Returns 0, or
+ * COLL_EBADARG (NULL comm, unknown kind, a name the kind does not have); the
+ * setting is unchanged on failure. */
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name);
+/* Static name ("allreduce", ...), "unknown" out of range. */
 const char *coll_kind_name(coll_kind_t kind);
 
 #ifdef __cplusplus

@@ -31,23 +31,20 @@
  * reduces slice r of the whole message, block by block into an L1 scratch,
  * and writes each block into every rank's output with streaming stores: one
  * read of each input and one write of each output, no read for ownership, no
- * second copy (2 ranks, 16 MiB, coll_bench: 1392 -> 1057 us). From the same
- * size rsag's copy-out streams too (16 MiB private: 2392 -> 2006 us). Below
+ * second copy. From the same size rsag's copy-out streams too. Below
  * it, with data that may still be cached, ordinary stores and rsag's reads
  * from a peer's cache are faster.
  *
  * Two ranks, private buffers: flat up to HBMCOLL_STREAM_MIN. With P = 2 it
  * moves the same bytes as rsag (each rank writes N for its peer and reads the
- * N its peer wrote) in half the dependent cross-core steps per chunk (2 ranks,
- * coll_bench, interleaved medians of 7: 16 KiB 0.99 vs 1.33 us, 64 KiB 3.94 vs
- * 4.64, 256 KiB 17.9 vs 18.8, 1 MiB 110-149 vs 110-214, 4-16 MiB equal). But
+ * N its peer wrote) in half the dependent cross-core steps per chunk. But
  * rsag reads and writes arena buffers in place (hbmcoll.empty, also in
  * place), and whether a peer's buffers are in the arena shows only in its
  * descriptor. So flat's first round doubles as the choice: each rank
  * publishes where its buffers are (recv_off: both in the arena, where rsag
  * is zero copy) and stages its first chunk as flat would; when no rank has
  * both in the arena, flat goes on with no extra round (a separate round
- * without data cost 0.25 us of 3.2-3.9 at 64 KiB); otherwise every rank sees
+ * would cost a sixth of a 64 KiB call); otherwise every rank sees
  * it in the same descriptors and all go to rsag from the next round (the
  * staged chunk is dropped; a rank whose own buffers decide it stages
  * nothing).
@@ -126,8 +123,8 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
       in[q] = qoff ? coll__shared(c, qoff) + off * es : coll__peer_slot(c, q, t);
       any_zc |= qoff != 0;
     }
-    /* my own part from my input, not from the slot my peers are reading (64 KiB, 2 ranks:
-     * 6.1-6.6 -> 3.9-4.4 us); send and recv are the same or apart (aliasing.c) */
+    /* my own part from my input, not from the slot my peers are reading (no line shared
+     * with their reads); send and recv are the same or apart (aliasing.c) */
     if (!zoff) in[me] = send + off * es;
     if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
     /* In allreduce my next arrival says "done" for me (every rank waits for

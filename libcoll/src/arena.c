@@ -61,7 +61,7 @@ void coll__arena_destroy(coll_comm_t *c) {
 
 int coll_arena_alloc(coll_comm_t *c, size_t bytes, size_t align, void **ptr_p) {
   if (c != NULL && coll__forked(c)) return COLL_EFORKED; /* the parent's arena */
-  if (c == NULL || c->arena == NULL || align == 0 || (align & (align - 1)) || align > 4096)
+  if (c == NULL || ptr_p == NULL || c->arena == NULL || align == 0 || (align & (align - 1)) || align > 4096)
     return COLL_EBADARG;
   coll__arena_t *ar = c->arena;
   if (bytes == 0) bytes = 1;

@@ -8,12 +8,10 @@
  * traffic of a large bcast and lets the senders of a gather write into the
  * root's output while the root copies its own part.
  *
- * Off unless HBMCOLL_CMA=1. Measured on the 2-vCPU VM this was written on
- * (bench/c/coll_bench.c, 2 ranks, SCHED_FIFO so that nothing else ran):
- * bcast 1 MiB 48-82 us staged vs 203-224 us single copy, 16 MiB 1.0-1.2 ms
- * vs 2.5-2.8 ms; gather 1 MiB 127-180 vs 178-234 us. The kernel pins and
- * maps every 4 KiB page of the peer, which costs more here than the second
- * copy through cache-resident slots; only with the cores taken by other work
+ * Off unless HBMCOLL_CMA=1. On the VMs this was measured on it lost to staging
+ * (bench/README.md, "Measurements behind the code"): the kernel pins and
+ * maps every 4 KiB page of the peer, which costs more than the second copy
+ * through cache-resident slots; only with the cores taken by other work
  * did it win (staging needs both ranks on a CPU at once). Bare-metal nodes,
  * where MPICH and Open MPI use it from 8 KiB, may differ: measure with
  * `make bench-c ARGS="-c bcast -s 16777216"` and HBMCOLL_CMA=0/1.

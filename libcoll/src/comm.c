@@ -42,9 +42,8 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
 
 /* Huge pages for the arena where the kernel grants them to shared memory
  * (shmem_enabled "advise" or "within_size"): fewer page walks for large
- * arena streams. On this project's 2-vCPU VM, with the setting switched to
- * advise for the test, 16 MiB arena allreduce 1,740 -> 1,625 us; with
- * "never" (its default) this is a no-op. Only the arena, and only when each
+ * arena streams (bench/README.md, "Measurements behind the code"); with
+ * "never" this is a no-op. Only the arena, and only when each
  * rank's part is whole huge pages: a huge page shared by two ranks' slots or
  * arenas could not sit on both ranks' NUMA nodes. Every rank advises its own
  * mapping, since the rank that touches a page first decides its size. */

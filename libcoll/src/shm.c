@@ -54,6 +54,9 @@ int coll__segment_prefault(void *addr, size_t bytes, char *err, size_t errlen) {
     return 0;
   }
   char nodes[64] = "the default policy's node";
+  unsigned cpu = 0, node = 0;
+  if (getcpu(&cpu, &node) == 0) /* the default policy takes the faulting CPU's node */
+    snprintf(nodes, sizeof nodes, "node %u (the default policy: this CPU's node)", node);
   int mode = 0;
   unsigned long mask[SHM_MASK_LONGS] = {0};
   if (syscall(SYS_get_mempolicy, &mode, mask, (unsigned long)SHM_MASK_LONGS * 64, addr,
@@ -64,6 +67,7 @@ int coll__segment_prefault(void *addr, size_t bytes, char *err, size_t errlen) {
   }
   snprintf(err, errlen, "out of memory: the shared segment's %.1f MiB of control and staging "
            "memory do not fit on %s (%s); free memory there, or lower HBMCOLL_SLOT_BYTES",
-           (double)bytes / (1024.0 * 1024.0), nodes, strerror(e));
+           (double)bytes / (1024.0 * 1024.0), nodes,
+           e == EFAULT || e == EHWPOISON ? "the kernel could not provide the pages" : strerror(e));
   return e == EFAULT || e == EHWPOISON ? -ENOMEM : -e;
 }

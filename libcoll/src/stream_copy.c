@@ -66,8 +66,7 @@ void coll__stream_fence(void) {}
  * loop from the L2 size up on AMD, because string moves were slow there: on
  * Zen 3 and 4 up to 20x slower when source and destination are misaligned to
  * each other (glibc bug 30994). On Zen 5 `rep movsb` measured faster from
- * there on (EPYC VM, 2 cores copying 1 MiB at once from 16 rotating buffers:
- * 29-46 us against 38-65 for memcpy; 1 MiB gather 149 -> 126 us), so copies
+ * there on (bench/README.md, "Measurements behind the code"), so copies
  * from HBMCOLL_REP_MOVSB_MIN bytes use it (default 1 MiB on AMD family 1Ah,
  * Zen 5, and later; off elsewhere, where it was not measured), and only when
  * source and destination sit at the same offset within a cache line, the

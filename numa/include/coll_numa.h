@@ -100,6 +100,8 @@ int coll_numa_policy_parse(const char *memory, const char *bind, const char *hbm
  * calling coll_numa_policy_parse() on it if needed). */
 int coll_numa_policy_from_env(const char *memory, const char *bind, coll_numa_policy_t *policy_p);
 
+/* The policy word of a value ("hbm_bind", "share", ...), as the parser takes it; a static
+ * string, "?" for a value out of range. */
 const char *coll_numa_memory_name(coll_numa_memory_t memory);
 const char *coll_numa_bind_name(coll_numa_bind_t bind);
 
@@ -118,7 +120,8 @@ const char *coll_numa_bind_name(coll_numa_bind_t bind);
 int coll_numa_topo_load(const char *path, coll_numa_topo_t **topo_p);
 void coll_numa_topo_free(coll_numa_topo_t *topo); /* NULL is fine */
 
-/* Number of cores (PUs where hwloc has no cores) usable in the topology. */
+/* Number of cores (PUs where hwloc has no cores) usable in the topology, >= 1 for any
+ * topology coll_numa_topo_load returned. */
 int coll_numa_topo_ncores(const coll_numa_topo_t *topo);
 
 /* ---- 2. plan (pure) ----------------------------------------------------- */

@@ -12,6 +12,9 @@
  *             frees in any order, padding given back, bad frees ignored, a
  *             random alloc/free run against a model, two threads at once, and
  *             an empty arena.
+ *  prefault   pages the kernel cannot provide (past the end of a memfd: what a
+ *             full node or tmpfs gives a fault) are -ENOMEM with a sentence
+ *             naming the size, not SIGBUS later.
  *
  * Prints one line per case and a last line "N passed, N failed"; exits 1 on
  * any failure.
@@ -24,11 +27,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "coll.h"
+#include "coll_internal.h" /* coll__segment_prefault */
 
 /* ---- harness: fork P ranks, wait with a timeout, kill stragglers ------------ */
 
@@ -452,6 +457,28 @@ static int rank_arena_empty(int rank, int size, const char *key, void *arg) {
   return bad;
 }
 
+/* The pre-fault of a new segment: mapped pages with nothing behind them (the memfd is
+ * shorter than the mapping, so the kernel refuses them as it refuses pages of a full node)
+ * must come back as -ENOMEM and a sentence with the size, and backed pages as 0. */
+static void check_prefault(void) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE), len = 256 * page;
+  int fd = memfd_create("hbmcoll-test", MFD_CLOEXEC);
+  char text[COLL_TEXT_MAX] = "", why[COLL_TEXT_MAX + 64] = "";
+  uint8_t *p = fd < 0 || ftruncate(fd, (off_t)(len / 2)) != 0 ? MAP_FAILED
+             : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int backed = -1, short_rc = -1;
+  if (p != MAP_FAILED) {
+    backed = coll__segment_prefault(p, len / 2, text, sizeof text);
+    short_rc = coll__segment_prefault(p, len, text, sizeof text);
+    munmap(p, len);
+  }
+  if (fd >= 0) close(fd);
+  int ok = p != MAP_FAILED && backed == 0 && short_rc == -ENOMEM &&
+           strstr(text, "out of memory") && strstr(text, "1.0 MiB") && strstr(text, "node");
+  snprintf(why, sizeof why, "backed %d, short %d: %s", backed, short_rc, text);
+  record(ok, "prefault: pages without memory are -ENOMEM, said", 1, 0, ok ? NULL : why);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   const char *const small_arena[] = {"HBMCOLL_ARENA_BYTES=65536", NULL};
@@ -473,5 +500,6 @@ int main(int argc, char **argv) {
     if (CASE("arena: HBMCOLL_ARENA_BYTES=65536")) spawn("arena: HBMCOLL_ARENA_BYTES=65536", P, 120, small_arena, rank_arena, NULL);
     if (CASE("arena: HBMCOLL_ARENA_BYTES=0")) spawn("arena: HBMCOLL_ARENA_BYTES=0", P, 60, no_arena, rank_arena_empty, NULL);
   }
+  if (CASE("prefault")) check_prefault();
   return harness_finish();
 }
