@@ -55,25 +55,55 @@ void coll__numa_addnote(char *notes, size_t cap, const char *fmt, ...) {
   notes[len + 1] = '\0';
 }
 
-const char *coll_numa_memory_name(coll_numa_memory_t memory) {
-  switch (memory) {
-  case COLL_NUMA_MEM_AUTO: return "auto";
-  case COLL_NUMA_MEM_HBM_BIND: return "hbm_bind";
-  case COLL_NUMA_MEM_HBM_PREFERRED: return "hbm_preferred";
-  case COLL_NUMA_MEM_HBM_INTERLEAVE: return "hbm_interleave";
-  case COLL_NUMA_MEM_DDR: return "ddr";
-  }
+/* The one list of policy words: the parser, the names, the launcher's and the topo CLI's
+ * choices (coll_numa_policy_words) all read these. Aliases follow the word they stand for. */
+typedef struct {
+  const char *word;
+  int value;
+} plan_word_t;
+static const plan_word_t plan_memory_words[] = {
+    {"auto", COLL_NUMA_MEM_AUTO},           {"hbm_bind", COLL_NUMA_MEM_HBM_BIND},
+    {"hbm_preferred", COLL_NUMA_MEM_HBM_PREFERRED}, {"hbm", COLL_NUMA_MEM_HBM_PREFERRED},
+    {"hbm_interleave", COLL_NUMA_MEM_HBM_INTERLEAVE}, {"ddr", COLL_NUMA_MEM_DDR}, {NULL, 0}};
+static const plan_word_t plan_bind_words[] = {
+    {"share", COLL_NUMA_BIND_SHARE},     {"core", COLL_NUMA_BIND_CORE},
+    {"cluster", COLL_NUMA_BIND_CLUSTER}, {"quadrant", COLL_NUMA_BIND_CLUSTER},
+    {"none", COLL_NUMA_BIND_NONE},       {NULL, 0}};
+
+static const char *plan_word_name(const plan_word_t *words, int value) {
+  for (; words->word; words++)
+    if (words->value == value) return words->word;
   return "?";
 }
 
-const char *coll_numa_bind_name(coll_numa_bind_t bind) {
-  switch (bind) {
-  case COLL_NUMA_BIND_CORE: return "core";
-  case COLL_NUMA_BIND_CLUSTER: return "cluster";
-  case COLL_NUMA_BIND_NONE: return "none";
-  case COLL_NUMA_BIND_SHARE: return "share";
+/* 0 and *value_p for a word of the list (any case); NULL or "" is the first. */
+static int plan_word_parse(const plan_word_t *words, const char *word, int *value_p) {
+  if (word == NULL || *word == '\0') {
+    *value_p = words[0].value;
+    return 0;
   }
-  return "?";
+  for (; words->word; words++)
+    if (!strcasecmp(word, words->word)) {
+      *value_p = words->value;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+const char *coll_numa_policy_word(int bind, int i) {
+  const plan_word_t *words = bind ? plan_bind_words : plan_memory_words;
+  if (i < 0) return NULL;
+  for (int k = 0; k < i; k++)
+    if (words[k].word == NULL) return NULL;
+  return words[i].word;
+}
+
+const char *coll_numa_memory_name(coll_numa_memory_t memory) {
+  return plan_word_name(plan_memory_words, (int)memory);
+}
+
+const char *coll_numa_bind_name(coll_numa_bind_t bind) {
+  return plan_word_name(plan_bind_words, (int)bind);
 }
 
 const char *coll__numa_mode_name(coll_numa_mode_t mode) {
@@ -134,28 +164,11 @@ int coll_numa_policy_parse(const char *memory, const char *bind, const char *hbm
                            coll_numa_policy_t *policy_p) {
   coll_numa_policy_t p;
   memset(&p, 0, sizeof(p));
-  if (memory == NULL || *memory == '\0' || !strcasecmp(memory, "auto"))
-    p.memory = COLL_NUMA_MEM_AUTO;
-  else if (!strcasecmp(memory, "hbm_bind"))
-    p.memory = COLL_NUMA_MEM_HBM_BIND;
-  else if (!strcasecmp(memory, "hbm_preferred") || !strcasecmp(memory, "hbm"))
-    p.memory = COLL_NUMA_MEM_HBM_PREFERRED;
-  else if (!strcasecmp(memory, "hbm_interleave"))
-    p.memory = COLL_NUMA_MEM_HBM_INTERLEAVE;
-  else if (!strcasecmp(memory, "ddr"))
-    p.memory = COLL_NUMA_MEM_DDR;
-  else
+  int memory_v, bind_v;
+  if (plan_word_parse(plan_memory_words, memory, &memory_v) || plan_word_parse(plan_bind_words, bind, &bind_v))
     return -EINVAL;
-  if (bind == NULL || *bind == '\0' || !strcasecmp(bind, "share"))
-    p.bind = COLL_NUMA_BIND_SHARE;
-  else if (!strcasecmp(bind, "core"))
-    p.bind = COLL_NUMA_BIND_CORE;
-  else if (!strcasecmp(bind, "cluster") || !strcasecmp(bind, "quadrant"))
-    p.bind = COLL_NUMA_BIND_CLUSTER;
-  else if (!strcasecmp(bind, "none"))
-    p.bind = COLL_NUMA_BIND_NONE;
-  else
-    return -EINVAL;
+  p.memory = (coll_numa_memory_t)memory_v;
+  p.bind = (coll_numa_bind_t)bind_v;
   if (hbm_nodes != NULL && *hbm_nodes != '\0') {
     unsigned tmp[1024];
     int n;

@@ -478,7 +478,8 @@ static PyObject *hb_strerror(PyObject *m, PyObject *arg) {
 static PyMethodDef hb_functions[] = {
     {"strerror", hb_strerror, METH_O, "text of a libcoll code"},
     {"numa_report", (PyCFunction)(void (*)(void))hb_numa_report, METH_VARARGS | METH_KEYWORDS,
-     "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True) -> str"},
+     "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True, tree=False) -> str"},
+    {"policy_words", hb_policy_words, METH_NOARGS, "policy_words() -> {'memory': (...), 'bind': (...)}"},
     {NULL, NULL, 0, NULL}};
 
 static int hb_exec(PyObject *m) {

@@ -76,5 +76,6 @@ extern PyType_Spec hb_placement_spec;
 int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks, int n);
 void *hb_placement_ctx(PyObject *placement);
 PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *hb_policy_words(PyObject *module, PyObject *unused);
 
 #endif

@@ -123,15 +123,16 @@ PyType_Spec hb_placement_spec = {"hbmcoll._core.Placement", sizeof(hb_placement_
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, placement_slots};
 
 PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw) {
-  static char *names[] = {"topology", "ranks", "memory", "bind", "json", NULL};
+  static char *names[] = {"topology", "ranks", "memory", "bind", "json", "tree", NULL};
   const char *path = NULL, *memory = NULL, *bind = NULL;
-  int ranks = 0, json = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zizzp", names, &path, &ranks, &memory, &bind, &json))
+  int ranks = 0, json = 1, tree = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zizzpp", names, &path, &ranks, &memory, &bind, &json,
+                                   &tree))
     return NULL;
   char *text = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = coll_numa_report(path, ranks, memory, bind, json, &text);
+  rc = (tree ? coll_numa_tree_report : coll_numa_report)(path, ranks, memory, bind, json, &text);
   Py_END_ALLOW_THREADS
   if (rc == -ENOENT) {
     char text[512];
@@ -142,4 +143,23 @@ PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw) {
   PyObject *s = PyUnicode_FromString(text);
   free(text);
   return s;
+}
+
+/* {"memory": (...), "bind": (...)}: the words the planner parses, for the CLIs' choices. */
+PyObject *hb_policy_words(PyObject *module, PyObject *unused) {
+  (void)module, (void)unused;
+  PyObject *out = PyDict_New();
+  for (int bind = 0; out && bind <= 1; bind++) {
+    PyObject *words = PyList_New(0);
+    for (int i = 0; words && coll_numa_policy_word(bind, i); i++) {
+      PyObject *w = PyUnicode_FromString(coll_numa_policy_word(bind, i));
+      if (w == NULL || PyList_Append(words, w) < 0) Py_CLEAR(words);
+      Py_XDECREF(w);
+    }
+    PyObject *t = words ? PyList_AsTuple(words) : NULL;
+    Py_XDECREF(words);
+    if (t == NULL || PyDict_SetItemString(out, bind ? "bind" : "memory", t) < 0) Py_CLEAR(out);
+    Py_XDECREF(t);
+  }
+  return out;
 }

@@ -100,6 +100,11 @@ int coll_numa_policy_parse(const char *memory, const char *bind, const char *hbm
  * calling coll_numa_policy_parse() on it if needed). */
 int coll_numa_policy_from_env(const char *memory, const char *bind, coll_numa_policy_t *policy_p);
 
+/* The i-th word (0, 1, ...) the parser takes for the memory policy (bind 0) or the
+ * binding (bind 1), aliases included, NULL past the last: the one list the launcher's and
+ * the topo CLI's choices come from. A static string. */
+const char *coll_numa_policy_word(int bind, int i);
+
 /* The policy word of a value ("hbm_bind", "share", ...), as the parser takes it; a static
  * string, "?" for a value out of range. */
 const char *coll_numa_memory_name(coll_numa_memory_t memory);

@@ -51,7 +51,16 @@ launch_env = _sibling("launch_env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout"}
 PR_SET_PDEATHSIG = 1
-MEMORY = ("auto", "hbm", "hbm_bind", "hbm_preferred", "hbm_interleave", "ddr")
+
+
+def _policy_words():
+    """The planner's words for --memory and --bind (one list, in libhbmcoll); without the
+    extension (this file run by path) none, and the ranks' init() names what it takes."""
+    try:
+        from hbmcoll import _core
+        return _core.policy_words()
+    except ImportError:
+        return {"memory": None, "bind": None}
 
 
 def _say(msg):
@@ -94,10 +103,11 @@ def _parser():
         description="Start N ranks of a program on this node for hbmcoll (and torch.distributed).")
     p.add_argument("-n", "--np", dest="n", type=int, required=True, metavar="N",
                    help="number of ranks")
-    p.add_argument("--bind", choices=("share", "core", "cluster", "none"),
+    words = _policy_words()
+    p.add_argument("--bind", choices=words["bind"],
                    help="pinning (HBMCOLL_BIND): share (default: each rank its share of its "
                         "cluster's cores), core (one core each), cluster, none")
-    p.add_argument("--memory", choices=MEMORY, help="segment memory policy (HBMCOLL_MEMORY)")
+    p.add_argument("--memory", choices=words["memory"], help="segment memory policy (HBMCOLL_MEMORY)")
     p.add_argument("--timeout", metavar="SECONDS",
                    help="deadline of each collective wait in the ranks (HBMCOLL_TIMEOUT); "
                         "not a time limit for the job")

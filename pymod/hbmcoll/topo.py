@@ -4,6 +4,7 @@
     python -m hbmcoll.topo                          # this machine, one rank per core, each its share
     python -m hbmcoll.topo --ranks 64 --json        # the plan as JSON
     python -m hbmcoll.topo --topology knl.xml --ranks 64 --memory hbm_bind
+    python -m hbmcoll.topo --topology knl.xml --ranks 64 --tree   # the small collectives' tree
 
 --topology takes an hwloc XML file or a directory usable as HWLOC_FSROOT, and
 plans for that machine without applying anything: check a job before it runs.
@@ -39,12 +40,16 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topology", metavar="FILE", help="hwloc XML file or HWLOC_FSROOT directory")
     ap.add_argument("--ranks", type=int, default=0, help="local ranks to plan for (default: one per core)")
-    ap.add_argument("--memory", choices=["auto", "hbm", "hbm_bind", "hbm_preferred", "hbm_interleave", "ddr"])
-    ap.add_argument("--bind", choices=["share", "core", "cluster", "quadrant", "none"])
+    words = _core.policy_words()
+    ap.add_argument("--memory", choices=words["memory"])
+    ap.add_argument("--bind", choices=words["bind"])
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--tree", action="store_true",
+                    help="print the tree the small collectives run on above 8 ranks: each rank's "
+                         "PU, parent and children")
     args = ap.parse_args(argv)
     try:
-        text = _core.numa_report(args.topology, args.ranks, args.memory, args.bind, args.json)
+        text = _core.numa_report(args.topology, args.ranks, args.memory, args.bind, args.json, args.tree)
     except (OSError, ValueError) as exc:
         print(f"hbmcoll.topo: {exc}", file=sys.stderr)
         return 2

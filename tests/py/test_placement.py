@@ -42,12 +42,46 @@ def test_no_hbm_here_is_said(run_ranks):
     assert any("no HBM" in n for n in notices), notices
 
 
-def test_topo_cli_says_no_hbm():
+HERE = os.path.dirname(os.path.abspath(__file__))
+KNL72_SNC4 = os.path.join(HERE, "..", "numa", "fixtures", "knl72-snc4-flat.xml")
+
+
+def _cli(*args):
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "pymod"))
-    out = subprocess.run([sys.executable, "-m", "hbmcoll.topo"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "pymod"))
+    return subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_topo_cli_says_no_hbm():
+    out = _cli("hbmcoll.topo")
     assert out.returncode == 0, out.stderr
     assert "no high-bandwidth memory" in out.stdout, out.stdout
+
+
+def test_topo_cli_prints_the_tree():
+    """--tree: every rank's parent and children, as the small collectives use them."""
+    import json
+
+    out = _cli("hbmcoll.topo", "--topology", KNL72_SNC4, "--ranks", "72", "--tree", "--json")
+    assert out.returncode == 0, out.stderr
+    ranks = json.loads(out.stdout)["ranks"]
+    assert len(ranks) == 72 and sum(r["parent"] == -1 for r in ranks) == 1
+    assert max(len(r["children_pus"]) for r in ranks) <= 8
+
+
+def test_one_list_of_policy_words():
+    """The launcher and the topo CLI take exactly the planner's words, aliases included."""
+    from hbmcoll import _core
+
+    words = _core.policy_words()
+    assert "quadrant" in words["bind"] and "hbm" in words["memory"]
+    for word in words["bind"]:
+        out = _cli("hbmcoll.topo", "--topology", KNL72_SNC4, "--ranks", "8", "--bind", word)
+        assert out.returncode == 0, (word, out.stderr)
+    out = _cli("hbmcoll.run", "-n", "1", "--bind", "quadrant", "--memory", "hbm", "true")
+    assert out.returncode == 0, out.stderr
+    out = _cli("hbmcoll.run", "-n", "1", "--bind", "socket", "true")
+    assert out.returncode == 2 and "'quadrant'" in out.stderr, out.stderr
