@@ -475,8 +475,20 @@ static PyObject *hb_strerror(PyObject *m, PyObject *arg) {
   return PyUnicode_FromString(coll_strerror(code));
 }
 
+/* env_check() -> HBMCOLL_TIMEOUT's seconds or None; ArgumentError naming a malformed variable. */
+static PyObject *hb_env_check(PyObject *m, PyObject *unused) {
+  (void)unused;
+  double timeout_s = 0;
+  char text[320] = "";
+  int rc = coll_env_check(&timeout_s, text, sizeof text);
+  if (rc) return hb_raise(PyModule_GetState(m), rc, text);
+  if (timeout_s > 0) return PyFloat_FromDouble(timeout_s);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef hb_functions[] = {
     {"strerror", hb_strerror, METH_O, "text of a libcoll code"},
+    {"env_check", hb_env_check, METH_NOARGS, "env_check() -> HBMCOLL_TIMEOUT seconds or None"},
     {"numa_report", (PyCFunction)(void (*)(void))hb_numa_report, METH_VARARGS | METH_KEYWORDS,
      "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True, tree=False) -> str"},
     {"policy_words", hb_policy_words, METH_NOARGS, "policy_words() -> {'memory': (...), 'bind': (...)}"},

@@ -268,6 +268,12 @@ void coll_req_free(coll_req_t *req);
 #define COLL_TREE_FANOUT 8
 int coll_tree_build(int n, const int *pu, const int *tile, const int *cluster, int *parent);
 
+/* The HBMCOLL_* variables coll_comm_create reads, checked now (for callers that wait
+ * before creating a communicator). Returns 0 and, if timeout_s_p, HBMCOLL_TIMEOUT's
+ * seconds (0: no limit); or COLL_EBADARG and, in text (if text_len > 0), a sentence naming
+ * the first malformed variable and the values it takes. */
+int coll_env_check(double *timeout_s_p, char *text, size_t text_len);
+
 /* Forced algorithm for a collective kind (also HBMCOLL_ALGO, e.g.
  * "allreduce=rsag,bcast=flat"): name, or NULL or "auto" for automatic choice.
  * Local, but every rank must force the same (a rank on another algorithm makes

@@ -217,6 +217,18 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
   return rc;
 }
 
+int coll_env_check(double *timeout_s_p, char *text, size_t text_len) {
+  coll__params_t p;
+  char err[COLL_TEXT_MAX] = "";
+  int rc = coll__params_load(&p, err, sizeof err);
+  if (rc) {
+    if (text && text_len) snprintf(text, text_len, "%s", err);
+    return rc;
+  }
+  if (timeout_s_p) *timeout_s_p = p.timeout_s;
+  return 0;
+}
+
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name) {
   if (comm == NULL || (unsigned)kind >= COLL_KIND_COUNT) return COLL_EBADARG;
   if (name == NULL || strcmp(name, "auto") == 0) {

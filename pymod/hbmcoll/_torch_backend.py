@@ -63,11 +63,14 @@ def _inline_policy():
     (auto) yes when this process may run on one CPU only (a share of one core): then
     nothing can overlap with the collective, and handing it to hbmcoll's progress thread and
     back only adds context switches on that CPU."""
-    v = os.environ.get("HBMCOLL_TORCH_INLINE", "auto").strip().lower()
+    raw = os.environ.get("HBMCOLL_TORCH_INLINE", "")
+    v = raw.strip().lower()
     if v in ("1", "yes", "true", "on"):
         return True
     if v in ("0", "no", "false", "off"):
         return False
+    if v not in ("", "auto"):
+        raise ArgumentError(f"HBMCOLL_TORCH_INLINE={raw!r} is not valid: one of 1, 0, auto")
     try:
         return len(os.sched_getaffinity(0)) == 1
     except (AttributeError, OSError):

@@ -381,16 +381,6 @@ def _timeout_arg(timeout):
     return t
 
 
-def _env_timeout():
-    """HBMCOLL_TIMEOUT for the wait before libcoll's (which parses it, and rejects a bad value
-    with a message naming it): here a bad value means no limit until libcoll says so."""
-    try:
-        t = float(os.environ.get("HBMCOLL_TIMEOUT") or 0)
-    except ValueError:
-        return None
-    return t if 0 < t < float("inf") else None
-
-
 def init(comm=None, timeout=None):
     """Join the job's communicator.
 
@@ -403,6 +393,9 @@ def init(comm=None, timeout=None):
         _init_count += 1
         generation = _init_count
     timeout = _timeout_arg(timeout)
+    # every HBMCOLL_* variable as libcoll parses it: a malformed one is an ArgumentError
+    # naming it before anything waits; HBMCOLL_TIMEOUT bounds the waits before libcoll's
+    env_timeout = _core.env_check()
     if comm is not None:
         return _init_from_mpi(comm, generation, timeout)
     info = launch_env.detect()
@@ -413,7 +406,7 @@ def init(comm=None, timeout=None):
     try:
         if exchange is not None:
             key += "." + (exchange.publish() if info.rank == 0 else
-                          exchange.fetch(timeout or _env_timeout()))
+                          exchange.fetch(timeout or env_timeout))
         core = _core.Comm(info.rank, info.size, key, timeout, placement)
     finally:
         if exchange is not None:
