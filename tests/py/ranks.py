@@ -15,7 +15,8 @@ every rank's story unless every rank returned; start_ranks gives a Job for tests
 signal or kill ranks while they run, with `event(name)` as a rendezvous: a rank calls
 `ranks.event("waiting")`, the test calls `job.wait_event(rank, "waiting")`.
 
-Only the standard library is imported at the top, so the parent stays light.
+Only the standard library is imported at the top, so the parent stays light. init_torch (with
+free_port for the rendezvous) starts torch.distributed over a job's ranks for test_torch_*.py.
 """
 
 import os
@@ -396,6 +397,40 @@ def run_ranks(n, fn, *args, timeout=60, env=None, check=True):
         if job._tmp:
             job.join(5)
     return job.check() if check else job.results
+
+
+# ---- torch.distributed inside ranks (test_torch_*.py) ---------------------------------------------
+
+def free_port():
+    """A TCP port of 127.0.0.1 that was free a moment ago (a rendezvous for torch.distributed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_torch(comm, port, use_env=True):
+    """torch.distributed with backend hbmcoll over the ranks of `comm` (the harness's own hbmcoll
+    communicator: we only take rank and size from it), plus a gloo group of the same ranks.
+    use_env=False hides the launcher's variables: the backend then bootstraps through the
+    torch Store (the mp.spawn case). Returns (torch.distributed, the gloo group)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import hbmcoll.torch  # noqa: F401  (registers the backend)
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co.
+    r, p = comm.rank, comm.size
+    if not use_env:
+        for k in [k for k in os.environ if k.startswith("HBMCOLL_") and k not in
+                  ("HBMCOLL_TIMEOUT", "HBMCOLL_BIND", "HBMCOLL_QUIET")]:
+            del os.environ[k]
+    dist.init_process_group("hbmcoll", init_method=f"tcp://127.0.0.1:{port}", rank=r,
+                            world_size=p)
+    gloo = dist.new_group(backend="gloo")
+    return dist, gloo
 
 
 # ---- leak checks (failure tests) ------------------------------------------------------------------

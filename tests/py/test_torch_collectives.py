@@ -1,59 +1,30 @@
-"""hbmcoll.torch: the torch.distributed backend "hbmcoll" and the Horovod-style helpers.
+"""hbmcoll.torch: what each torch.distributed call of the backend "hbmcoll" computes, against gloo.
+
+Every collective (all_reduce, reduce, reduce_scatter[_tensor], broadcast, gather, scatter,
+all_gather[_into_tensor], all_to_all[_single], even and uneven) x dtype x op, contiguous or not,
+blocking and async; PREMUL_SUM, many async works with their futures, coalesced and object
+collectives, sub-groups (members and non-members), bad arguments that fail before any
+communication, and ranks that disagree on a count (MismatchError, not a hang).
 
 Every rank job initialises torch.distributed with backend "hbmcoll" and also makes a gloo group of
 the same ranks, runs each case through both and compares in the rank (inputs are made from
 (case, rank), so both backends see the same data). Where gloo has no answer (AVG on integers,
 int16/uint16 tensors, PREMUL_SUM) the rank computes the reference itself from every rank's input.
 Mismatches are collected and reported together at the end of a job. Starting processes that
-import torch costs seconds, so a few jobs each run a whole family of cases.
+import torch costs seconds, so one job runs the whole family of cases. Training, failures and
+launchers: test_torch_jobs.py.
 """
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
+from ranks import free_port, init_torch
+
 torch = pytest.importorskip("torch")
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-PYMOD = os.path.join(REPO, "pymod")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- in the ranks ---------------------------------------------------------------------------------
-
-def _init(comm, port, use_env=True):
-    """torch.distributed with backend hbmcoll over the ranks of `comm` (the harness's own hbmcoll
-    communicator: we only take rank and size from it), plus a gloo group of the same ranks.
-    use_env=False hides the launcher's variables: the backend then bootstraps through the
-    torch Store (the mp.spawn case)."""
-    import warnings
-
-    import torch.distributed as dist
-
-    import hbmcoll.torch  # noqa: F401  (registers the backend)
-
-    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co.
-    r, p = comm.rank, comm.size
-    if not use_env:
-        for k in [k for k in os.environ if k.startswith("HBMCOLL_") and k not in
-                  ("HBMCOLL_TIMEOUT", "HBMCOLL_BIND", "HBMCOLL_QUIET")]:
-            del os.environ[k]
-    dist.init_process_group("hbmcoll", init_method=f"tcp://127.0.0.1:{port}", rank=r,
-                            world_size=p)
-    gloo = dist.new_group(backend="gloo")
-    return dist, gloo
-
 
 def _data(seed, rank, shape, dtype):
     """Deterministic input of case `seed` on `rank`; values keep products and sums in range."""
@@ -134,7 +105,7 @@ def rank_collectives(comm, port):
     # slow to import (torch._dynamo): before the ranks start waiting on each other
     import torch.distributed._functional_collectives as fc
 
-    dist, gloo = _init(comm, port)
+    dist, gloo = init_torch(comm, port)
     R = dist.ReduceOp
     r, P = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "hbmcoll"
@@ -406,305 +377,3 @@ def test_collectives_match_gloo(run_ranks):
     for r in res:
         assert r["errs"] == ["NotImplementedError", "ArgumentError", "ArgumentError"], r["errs"]
         assert r["mismatch"] == "MismatchError"
-
-
-# ---- DDP and the Horovod-style optimizer -----------------------------------------------------------
-
-def _model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-        torch.nn.Linear(4 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-
-
-def _batches(rank, steps, bs=16):
-    g = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(bs, 1, 8, 8, generator=g), torch.randint(0, 10, (bs,), generator=g))
-            for _ in range(steps)]
-
-
-def _train(model, opt, batches, before_step=None):
-    lossf = torch.nn.CrossEntropyLoss()
-    for x, y in batches:
-        opt.zero_grad()
-        lossf(model(x), y).backward()
-        if before_step is not None:
-            before_step()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def rank_training(comm, port):
-    """DDP over hbmcoll vs DDP over gloo (plain, comm hooks), and hbmcoll.torch's
-    DistributedOptimizer vs gloo DDP: same seeds and data, weights must end equal."""
-    dist, gloo = _init(comm, port, use_env=False)
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import hbmcoll.torch as hvd
-
-    r = dist.get_rank()
-    pg = dist.distributed_c10d._get_default_group()
-    launcher = pg.comm.launcher
-    batches = _batches(r, 6)
-    out = {"launcher": launcher, "diffs": {}}
-
-    def run(group, hook=None, bucket_mb=25, grad_view=False, model_seed=1):
-        m = _model(model_seed)
-        ddp = DDP(m, process_group=group, bucket_cap_mb=bucket_mb,
-                  gradient_as_bucket_view=grad_view)
-        if hook is powerSGD.powerSGD_hook:
-            state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1,
-                                           start_powerSGD_iter=2, min_compression_rate=0.5,
-                                           random_seed=0)
-            ddp.register_comm_hook(state, hook)
-        elif hook is not None:
-            ddp.register_comm_hook(group, hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-        return _train(ddp, opt, batches)
-
-    def maxdiff(a, b):
-        return max(float((x - y).abs().max()) for x, y in zip(a, b))
-
-    ref = run(gloo)
-    out["diffs"]["ddp"] = maxdiff(run(pg), ref)
-    out["diffs"]["ddp small buckets, grad views"] = maxdiff(run(pg, bucket_mb=0.001,
-                                                                grad_view=True),
-                                                            run(gloo, bucket_mb=0.001,
-                                                                grad_view=True))
-    out["diffs"]["ddp allreduce_hook"] = maxdiff(run(pg, default_hooks.allreduce_hook),
-                                                 run(gloo, default_hooks.allreduce_hook))
-    out["diffs"]["ddp fp16_compress_hook"] = maxdiff(run(pg, default_hooks.fp16_compress_hook),
-                                                     run(gloo, default_hooks.fp16_compress_hook))
-    out["diffs"]["ddp powerSGD_hook"] = maxdiff(run(pg, powerSGD.powerSGD_hook),
-                                                run(gloo, powerSGD.powerSGD_hook))
-    # DDP syncs the initial weights from rank 0: different seeds per rank end equal too
-    w = run(pg, model_seed=10 + r)
-    out["init_sync"] = [float(t.sum()) for t in w]
-
-    # Horovod style, no DDP: broadcast from rank 0, DistributedOptimizer averages the gradients
-    hvd.init()
-    assert hvd.size() == dist.get_world_size() and hvd.rank() == r
-    for kw in ({}, {"bucket_cap_mb": 0.001}):
-        m = _model(20 + r)                 # different on every rank until the broadcast
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
-        dopt = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
-        hvd.broadcast_optimizer_state(dopt, root_rank=0)
-        got = _train(m, dopt, batches)
-        want = run(gloo, model_seed=20)    # DDP broadcasts rank 0's weights (seed 20)
-        out["diffs"][f"hvd optimizer {kw}"] = maxdiff(got, want)
-        dopt.remove_hooks()
-    # gradient clipping between synchronize() and step()
-    m = _model(20)
-    dopt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
-
-    def clip():
-        dopt.synchronize()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
-
-    lossf = torch.nn.CrossEntropyLoss()
-    for x, y in batches[:3]:
-        dopt.zero_grad()
-        lossf(m(x), y).backward()
-        clip()
-        with dopt.skip_synchronize():
-            dopt.step()
-    out["clipped"] = [float(p.detach().sum()) for p in m.parameters()]
-    # backward_passes_per_step=2: two local backward passes, one allreduce
-    m = _model(20)
-    dopt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                    backward_passes_per_step=2)
-    dopt.zero_grad()
-    for x, y in batches[:2]:
-        lossf(m(x), y).backward()
-    dopt.step()
-    out["passes2"] = [float(p.detach().sum()) for p in m.parameters()]
-    m2 = _model(20)
-    opt2 = torch.optim.SGD(m2.parameters(), lr=0.1)
-    ddp2 = DDP(m2, process_group=gloo)
-    opt2.zero_grad()
-    with ddp2.no_sync():
-        lossf(ddp2(batches[0][0]), batches[0][1]).backward()
-    lossf(ddp2(batches[1][0]), batches[1][1]).backward()
-    opt2.step()
-    out["diffs"]["hvd backward_passes_per_step=2"] = maxdiff(list(m.parameters()),
-                                                             list(m2.parameters()))
-    # helpers
-    t = torch.full((4,), float(r))
-    out["allreduce"] = hvd.allreduce(t).tolist()                    # Average
-    out["allreduce_sum"] = hvd.allreduce(t, op=hvd.Sum).tolist()
-    out["allgather"] = hvd.allgather(torch.full((r + 1, 2), r)).tolist()
-    out["broadcast"] = hvd.broadcast(torch.tensor([r, r]), root_rank=1).tolist()
-    x = torch.full((3,), float(r + 1), requires_grad=True)
-    hvd.allreduce(x, op=hvd.Sum).sum().backward()
-    out["allreduce_grad"] = x.grad.tolist()
-    out["object"] = hvd.broadcast_object({"r": r}, root_rank=1)
-    out["objects"] = hvd.allgather_object(r * 10)
-    dist.destroy_process_group()
-    return out
-
-
-@pytest.mark.parametrize("inline", ["0", "1"])
-def test_ddp_and_optimizer_match_gloo(run_ranks, inline):
-    """inline=0: DDP's allreduces run on hbmcoll's progress thread and completer threads
-    complete the futures (what happens when a rank may use several CPUs); inline=1: they run
-    in the caller's thread (the default when hbmcoll-run binds each rank to one CPU)."""
-    res = run_ranks(2, rank_training, free_port(), timeout=300,
-                    env={"HBMCOLL_TORCH_INLINE": inline, "HBMCOLL_TIMEOUT": "120"})
-    for r, out in enumerate(res):
-        assert out["launcher"] == "torch.distributed"   # bootstrapped through the Store
-        bad = {k: v for k, v in out["diffs"].items() if not v <= 2e-5}
-        assert not bad, f"rank {r}: weights differ from gloo's: {bad}"
-    for key in ("init_sync", "clipped", "passes2"):
-        assert res[0][key] == res[1][key], key
-    assert res[0]["allreduce"] == [0.5] * 4 and res[1]["allreduce_sum"] == [1.0] * 4
-    assert res[0]["allgather"] == [[0, 0], [1, 1], [1, 1]]
-    assert res[0]["broadcast"] == [1, 1]
-    assert res[0]["allreduce_grad"] == [2.0] * 3      # d(sum over ranks)/dx, summed
-    assert res[0]["object"] == {"r": 1} and res[1]["objects"] == [0, 10]
-
-
-# ---- failures ------------------------------------------------------------------------------------
-
-def rank_dies(comm, port, mode):
-    """Rank 1 dies in the middle of training (mode "ddp": before its backward pass; "dist":
-    before an all_reduce, which rank 0 makes blocking and rank 2 async); the others must get an
-    exception, fast."""
-    dist, _ = _init(comm, port)
-    import hbmcoll
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    r = dist.get_rank()
-    m = DDP(_model(1))
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    lossf = torch.nn.CrossEntropyLoss()
-    t0 = time.monotonic()
-    try:
-        for step, (x, y) in enumerate(_batches(r, 50)):
-            if step == 3 and r == 1 and mode == "ddp":
-                os._exit(7)
-            opt.zero_grad()
-            lossf(m(x), y).backward()
-            opt.step()
-            if step == 3 and r == 1:
-                os._exit(7)
-            if r == 2:   # the same collective: rank 0 waits in it, rank 2 in work.wait()
-                w = dist.all_reduce(torch.ones(10), async_op=True)
-                w.wait()
-            else:
-                dist.all_reduce(torch.ones(10))
-    except Exception as e:  # noqa: BLE001
-        return {"exc": type(e).__name__, "msg": str(e)[:300],
-                "peer_lost": isinstance(e, hbmcoll.PeerLostError) or "PeerLostError" in str(e),
-                "after": time.monotonic() - t0, "step": step}
-    return {"exc": None}
-
-
-@pytest.mark.parametrize("mode", ["ddp", "ddp-inline", "dist"])
-def test_dead_rank_raises(run_ranks, mode):
-    env = {"HBMCOLL_TIMEOUT": "60", "HBMCOLL_TORCH_INLINE": "1" if mode == "ddp-inline" else "0"}
-    res = run_ranks(3, rank_dies, free_port(), mode.split("-")[0], timeout=120, env=env,
-                    check=False)
-    assert res[1].status == "died" and res[1].returncode == 7, res[1].describe()
-    for r in (0, 2):
-        assert res[r].status == "ok", res[r].describe()
-        v = res[r].value
-        assert v["exc"] is not None, f"rank {r} trained on without its peer"
-        assert v["peer_lost"], v
-        assert v["step"] == 3, v
-        assert v["after"] < 30, v   # well before HBMCOLL_TIMEOUT: found dead, not timed out
-        if not mode.startswith("ddp"):
-            assert v["exc"] == "PeerLostError", v  # hbmcoll's own exception from dist.*
-
-
-def rank_wait_timeout(comm, port):
-    """Rank 1 joins an async all_reduce 1.5 s late: rank 0's work.wait(timedelta(0.2 s)) must
-    raise TimeoutError while the collective stays in flight, and a second wait() must then
-    give the right sum; the communicator keeps working after it."""
-    import datetime
-
-    dist, _ = _init(comm, port)
-    import hbmcoll
-
-    r = dist.get_rank()
-    x = torch.full((1000,), float(r + 1))
-    if r == 1:
-        time.sleep(1.5)
-    w = dist.all_reduce(x, async_op=True)
-    timed_out = False
-    if r == 0:
-        try:
-            w.wait(datetime.timedelta(seconds=0.2))
-        except hbmcoll.TimeoutError:
-            timed_out = True
-    w.wait()
-    y = torch.ones(4)
-    dist.all_reduce(y)
-    return timed_out, float(x[0]), float(y[0])
-
-
-def rank_horovod_job(comm, port):
-    """hvd.init() takes torch.distributed's hbmcoll communicator and hvd.shutdown() leaves it
-    open; a communicator handed to hvd.init(comm) is closed by shutdown()."""
-    dist, _ = _init(comm, port)
-    import hbmcoll.torch as hvd
-
-    c = hvd.init()
-    out = [c is dist.distributed_c10d._get_default_group().comm, hvd.rank(), hvd.size(),
-           hvd.join()]
-    hvd.shutdown()
-    x = torch.ones(3)
-    dist.all_reduce(x)                       # still open
-    out += [hvd.is_initialized(), float(x[0])]
-    sub = comm.split(0)
-    hvd.init(sub)
-    hvd.barrier()
-    hvd.shutdown()
-    out.append(sub.closed)
-    try:
-        hvd.rank()
-    except ValueError:
-        out.append("not initialised")
-    return out
-
-
-def test_horovod_job(run_ranks):
-    assert run_ranks(2, rank_horovod_job, free_port(), timeout=120) == [
-        [True, r, 2, 1, False, 2.0, True, "not initialised"] for r in (0, 1)]
-
-
-def test_work_wait_timeout(run_ranks):
-    res = run_ranks(2, rank_wait_timeout, free_port(), timeout=120,
-                    env={"HBMCOLL_TORCH_INLINE": "0"})
-    assert res == [(True, 3.0, 2.0), (False, 3.0, 2.0)]
-
-
-# ---- the example under both launchers ----------------------------------------------------------------
-
-def _launch_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HBMCOLL_RANK", "HBMCOLL_SIZE", "HBMCOLL_LOCAL", "HBMCOLL_JOB_KEY"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                         "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PYMOD, env.get("PYTHONPATH")]))
-    env.update(HBMCOLL_QUIET="1", HBMCOLL_TIMEOUT="60", OMP_NUM_THREADS="1")
-    return env
-
-
-@pytest.mark.parametrize("launcher", ["hbmcoll-run", "torchrun"])
-def test_example_ddp(launcher, tmp_path):
-    script = os.path.join(REPO, "examples", "torch_ddp.py")
-    args = [script, "--steps", "4", "--check"]
-    if launcher == "hbmcoll-run":
-        cmd = [sys.executable, "-m", "hbmcoll.run", "-n", "2", "--bind", "none"] + args
-    else:
-        if shutil.which("torchrun") is None:
-            pytest.skip("torchrun is not installed")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(free_port())] + args
-    p = subprocess.run(cmd, env=_launch_env(), capture_output=True, text=True, timeout=180,
-                       cwd=str(tmp_path))
-    assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr[-4000:]}"
-    assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
