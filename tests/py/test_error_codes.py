@@ -69,7 +69,8 @@ def test_topology_errors_carry_the_code():
     assert missing.value.code == -errno.ENOENT and isinstance(missing.value, errors.CodedError)
 
 
-@pytest.mark.parametrize("var, value", [("HBMCOLL_SPIN", "abc"), ("HBMCOLL_ARENA_BYTES", "1X")])
+@pytest.mark.parametrize("var, value", [("HBMCOLL_SPIN", "abc"), ("HBMCOLL_ARENA_BYTES", "1X"),
+                                        ("HBMCOLL_TIMEOUT", "abc")])
 def test_malformed_variable_is_an_argument_error_naming_it(var, value):
     code = ("import hbmcoll\ntry:\n    hbmcoll.init()\nexcept hbmcoll.ArgumentError as e:\n"
             "    print(e.code, e.name, e)\n")
@@ -77,6 +78,28 @@ def test_malformed_variable_is_an_argument_error_naming_it(var, value):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"{errors.EBADARG} EBADARG") and var in res.stdout, res.stdout
+
+
+def test_malformed_timeout_fails_before_waiting_for_peers():
+    """A rank of a 2-rank job whose peer never comes: HBMCOLL_TIMEOUT=10s meant as "10"
+    is refused at once, not after an unbounded wait for the peer."""
+    code = "import hbmcoll\nhbmcoll.init()\n"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=_env(HBMCOLL_RANK="1", HBMCOLL_SIZE="2", HBMCOLL_LOCAL_RANK="1",
+                                  HBMCOLL_LOCAL_SIZE="2", HBMCOLL_TIMEOUT="10s"))
+    assert res.returncode == 1 and "hbmcoll.ArgumentError: HBMCOLL_TIMEOUT='10s'" in res.stderr, \
+        res.stderr
+
+
+def test_malformed_torch_inline_is_refused():
+    torch = pytest.importorskip("torch")  # noqa: F841
+    code = ("import hbmcoll.torch, torch.distributed as dist\n"
+            "dist.init_process_group('hbmcoll', init_method='tcp://127.0.0.1:%d', rank=0, "
+            "world_size=1)\n" % ranks.free_port())
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=_env(HBMCOLL_TORCH_INLINE="maybe"))
+    assert res.returncode != 0 and "HBMCOLL_TORCH_INLINE='maybe' is not valid" in res.stderr, \
+        res.stderr
 
 
 def test_hbm_bind_fallback_is_printed():
