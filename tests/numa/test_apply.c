@@ -1,24 +1,24 @@
 /*
- * test_apply.c - the apply path of numa/ on this machine, with real system
- * calls: cpubind, mbind of a memfd segment before first touch, pre-fault and
- * a move_pages check of where the pages landed, the EPERM fallback (a real
- * seccomp filter makes mbind fail as in Docker without CAP_SYS_NICE), the
+ * test_apply.c - where the apply path of numa/ puts a segment on this machine, with real
+ * system calls: mbind of a memfd segment before first touch, pre-fault and a move_pages
+ * check of where the pages landed; the EPERM fallback (a real seccomp filter makes mbind
+ * fail as in Docker without CAP_SYS_NICE), at the first segment and from setup on; the
  * over-capacity fallback (MPOL_BIND of more than the node has free becomes
- * MPOL_PREFERRED; checked with get_mempolicy without touching the pages), the
- * same for several mappings that fit one by one but not together,
- * scratch buffers, and argument errors.
+ * MPOL_PREFERRED; checked with get_mempolicy without touching the pages), the same for
+ * several mappings that fit one by one but not together, no notice for a preferred
+ * mapping larger than the node; and the pure choice of a segment's cluster and nodes.
+ * Setup, cpubind, scratch buffers and argument errors are test_apply_setup.c's.
  *
- * Each test runs in its own forked process with a 60 s alarm (environment
- * changes and seccomp filters stay in that child). HBMCOLL_HBM_NODES=0 makes
- * the one DDR node of the dev box stand in for HBM.
- * Prints one line per test and "N passed, N failed" last; exit 0 iff none failed.
+ * Each test runs in its own forked process with a 60 s alarm (apply_check.h).
+ * HBMCOLL_HBM_NODES=0 makes the one DDR node of the dev box stand in for HBM.
+ * Prints one line per test and "N passed, N failed, N skipped" last; exit 0 iff none
+ * failed.
  */
 #include <errno.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <numaif.h>
-#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,53 +27,11 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "apply_check.h"
 #include "coll_numa.h"
-#include "numa_internal.h" /* plan internals for the segment-choice test */
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "    %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);  \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
-
-#define SKIP 77
-
-static void clear_env(void) {
-  unsetenv("HBMCOLL_HBM_NODES");
-  unsetenv("MEMKIND_HBW_NODES");
-  unsetenv("HBMCOLL_MEMORY");
-  unsetenv("HBMCOLL_BIND");
-  unsetenv("HWLOC_XMLFILE");
-  unsetenv("HWLOC_FSROOT");
-}
-
-static long page_size(void) { return sysconf(_SC_PAGESIZE); }
-
-/* a fresh shared mapping of a memfd, never touched */
-static void *new_segment(size_t len, int noreserve) {
-  int fd = (int)syscall(SYS_memfd_create, "test-numa", 0u);
-  if (fd < 0 || ftruncate(fd, (off_t)len) != 0)
-    return NULL;
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | (noreserve ? MAP_NORESERVE : 0),
-                 fd, 0);
-  close(fd);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-static int policy_of(void *addr, unsigned long *mask) {
-  int mode = -1;
-  unsigned long m[16] = {0};
-  if (syscall(SYS_get_mempolicy, &mode, m, 16 * 64UL, addr, (unsigned long)MPOL_F_ADDR) != 0)
-    return -errno;
-  if (mask)
-    *mask = m[0];
-  return mode;
-}
+#include "numa_internal.h" /* plan and context internals: segment choice, bound bytes */
 
 /* how many of the pages of [addr, addr+len) are on node `node` (move_pages query) */
 static long pages_on(void *addr, size_t len, int node) {
@@ -134,51 +92,6 @@ static int install_mbind_eperm_filter(void) {
 }
 
 /* ---- tests ---------------------------------------------------------------- */
-
-static int test_no_hbm_says_ddr(void) {
-  coll_numa_ctx_t *ctx;
-  char *text;
-  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
-  const char *n = coll_numa_notice(ctx);
-  fprintf(stderr, "    notice: %s\n", n);
-  CHECK(strstr(n, "no HBM") != NULL && strstr(n, "DDR") != NULL);
-  CHECK(coll_numa_ctx_report(ctx, 1, &text) == 0);
-  CHECK(strstr(text, "\"memory_mode\": \"none\"") && strstr(text, "\"hbm_nodes\": []"));
-  CHECK(strstr(text, "\"notices\": [\"no HBM on this machine"));
-  free(text);
-  CHECK(coll_numa_ctx_report(ctx, 0, &text) == 0);
-  CHECK(strstr(text, "no high-bandwidth memory; buffers use DDR") != NULL);
-  free(text);
-  coll_numa_free(ctx);
-  return 0;
-}
-
-static int test_cpubind_core(void) {
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  coll_numa_ctx_t *ctx;
-  setenv("HBMCOLL_BIND", "core", 1);
-  CHECK(coll_numa_setup(1, 2, &ctx) == 0);
-  int pu = coll_numa_rank_pu(ctx, 1);
-  CHECK(pu >= 0);
-  CHECK(coll_numa_rank_pu(ctx, 2) == -EINVAL);
-  CHECK(coll_numa_rank_pu(ctx, -1) == -EINVAL);
-  cpu_set_t set;
-  CHECK(sched_getaffinity(0, sizeof(set), &set) == 0);
-  CHECK(CPU_ISSET(pu, &set));
-  if (ncpu >= 2)
-    CHECK(CPU_COUNT(&set) < ncpu); /* bound to one core, not the machine */
-  coll_numa_free(ctx);
-  return 0;
-}
-
-static int test_bind_none_has_no_pu(void) {
-  coll_numa_ctx_t *ctx;
-  setenv("HBMCOLL_BIND", "none", 1);
-  CHECK(coll_numa_setup(0, 2, &ctx) == 0);
-  CHECK(coll_numa_rank_pu(ctx, 0) == -ENOENT);
-  coll_numa_free(ctx);
-  return 0;
-}
 
 static int segment_case(const char *memory, int want_mode) {
   setenv("HBMCOLL_HBM_NODES", "0", 1);
@@ -377,31 +290,6 @@ static int test_cumulative_bind(void) {
   return 0;
 }
 
-/* A strictly bound scratch buffer (mbind path: HBM named by HBMCOLL_HBM_NODES
- * only) counts in the node's total until it is freed. */
-static int test_scratch_bind_counts(void) {
-  setenv("HBMCOLL_HBM_NODES", "0", 1);
-  setenv("HBMCOLL_MEMORY", "hbm_bind", 1);
-  coll_numa_ctx_t *ctx;
-  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
-  size_t size = (8u << 20) + 100;
-  size_t len = (size + (size_t)page_size() - 1) / (size_t)page_size() * (size_t)page_size();
-  void *p;
-  CHECK(coll_numa_scratch_alloc(ctx, size, &p) == 0);
-  if (ctx->scratch_way_ == 1) { /* memkind sees HBW memory here: not the mbind path */
-    coll_numa_scratch_free(ctx, p, size);
-    coll_numa_free(ctx);
-    return SKIP;
-  }
-  CHECK(policy_of(p, NULL) == MPOL_BIND);
-  CHECK(ctx->bound_bytes[0] == len);
-  memset(p, 1, size);
-  coll_numa_scratch_free(ctx, p, size);
-  CHECK(ctx->bound_bytes[0] == 0);
-  coll_numa_free(ctx);
-  return 0;
-}
-
 /* hbm_preferred: a mapping larger than the HBM node's free memory is normal
  * (arena parts reserved, never all touched; the rest spills to DDR): no
  * notice, no note. */
@@ -428,104 +316,6 @@ static int test_preferred_no_spill_notice(void) {
         strstr(text, "does not fit") == NULL);
   free(text);
   coll_numa_free(ctx);
-  return 0;
-}
-
-static int scratch_case(int want_mode) {
-  coll_numa_ctx_t *ctx;
-  CHECK(coll_numa_setup(0, 1, &ctx) == 0);
-  void *p = NULL;
-  CHECK(coll_numa_scratch_alloc(ctx, 0, &p) == -EINVAL && p == NULL);
-  for (size_t size = 1; size <= (8u << 20); size *= 8) {
-    CHECK(coll_numa_scratch_alloc(ctx, size, &p) == 0);
-    CHECK(((uintptr_t)p & 63) == 0);
-    memset(p, 0xab, size);
-    if (size >= (1u << 20))
-      CHECK(policy_of(p, NULL) == want_mode);
-    coll_numa_scratch_free(ctx, p, size);
-  }
-  coll_numa_free(ctx);
-  return 0;
-}
-
-/* DDR: memkind's default kind, no policy */
-static int test_scratch_ddr(void) { return scratch_case(MPOL_DEFAULT); }
-static int test_scratch_memkind_hbw(void) {
-  setenv("HBMCOLL_HBM_NODES", "0", 1);
-  setenv("MEMKIND_HBW_NODES", "0", 1);
-  return scratch_case(MPOL_PREFERRED); /* memkind's HBW_PREFERRED kind */
-}
-static int test_scratch_mbind_path(void) { /* HBM per hbmcoll, not per memkind */
-  setenv("HBMCOLL_HBM_NODES", "0", 1);
-  return scratch_case(MPOL_PREFERRED); /* our mmap + mbind */
-}
-
-static int test_bad_arguments(void) {
-  coll_numa_ctx_t *ctx = (coll_numa_ctx_t *)0x1;
-  CHECK(coll_numa_setup(2, 2, &ctx) == -EINVAL && ctx == (coll_numa_ctx_t *)0x1);
-  CHECK(coll_numa_setup(-1, 2, &ctx) == -EINVAL);
-  setenv("HBMCOLL_MEMORY", "fast", 1);
-  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
-  unsetenv("HBMCOLL_MEMORY");
-  setenv("HBMCOLL_HBM_NODES", "7", 1); /* no such node here */
-  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
-  setenv("HBMCOLL_HBM_NODES", "0-", 1);
-  CHECK(coll_numa_setup(0, 1, &ctx) == -EINVAL);
-  unsetenv("HBMCOLL_HBM_NODES");
-  CHECK(coll_numa_setup(0, 2, &ctx) == 0);
-  char *seg = new_segment(1u << 20, 0);
-  char notice[64];
-  int bad_user = 2;
-  CHECK(coll_numa_bind_segment(ctx, seg + 1, 4096, NULL, 0, notice, sizeof(notice)) == -EINVAL);
-  CHECK(coll_numa_bind_segment(ctx, seg, 0, NULL, 0, notice, sizeof(notice)) == -EINVAL);
-  CHECK(coll_numa_bind_segment(ctx, seg, 4096, &bad_user, 1, notice, sizeof(notice)) == -EINVAL);
-  CHECK(coll_numa_prefault(seg + 1, 10) == -EINVAL);
-  coll_numa_free(ctx);
-  coll_numa_free(NULL);
-  coll_numa_policy_t pol;
-  CHECK(coll_numa_policy_parse("hbm_interleave", "cluster", "1-3,8", &pol) == 0);
-  CHECK(pol.memory == COLL_NUMA_MEM_HBM_INTERLEAVE && pol.bind == COLL_NUMA_BIND_CLUSTER);
-  CHECK(coll_numa_policy_parse("auto", "socket", NULL, &pol) == -EINVAL);
-  CHECK(coll_numa_policy_parse("auto", "core", "a", &pol) == -EINVAL);
-  coll_numa_topo_t *topo = (coll_numa_topo_t *)0x1;
-  CHECK(coll_numa_topo_load("/nonexistent.xml", &topo) == -ENOENT && topo == (coll_numa_topo_t *)0x1);
-  CHECK(coll_numa_topo_load("/etc/hostname", &topo) == -EINVAL);
-  return 0;
-}
-
-/* A foreign topology (HWLOC_XMLFILE) must never bind this machine. The
- * process calls no memkind HBW function in that case. */
-static int test_foreign_topology_never_binds(void) {
-  const char *xml = getenv("NUMA_FIXTURE_XML");
-  if (xml == NULL)
-    xml = "tests/numa/fixtures/knl-snc4-flat.xml";
-  if (access(xml, R_OK) != 0)
-    return SKIP;
-  cpu_set_t before, after;
-  CHECK(sched_getaffinity(0, sizeof(before), &before) == 0);
-  setenv("HWLOC_XMLFILE", xml, 1);
-  coll_numa_ctx_t *ctx;
-  CHECK(coll_numa_setup(5, 8, &ctx) == 0);
-  CHECK(sched_getaffinity(0, sizeof(after), &after) == 0);
-  CHECK(CPU_EQUAL(&before, &after));
-  char *text;
-  CHECK(coll_numa_ctx_report(ctx, 0, &text) == 0);
-  CHECK(strstr(text, "not binding") != NULL);
-  free(text);
-  char *seg = new_segment(1u << 20, 0), notice[256];
-  CHECK(coll_numa_bind_segment(ctx, seg, 1u << 20, NULL, 0, notice, sizeof(notice)) == 0);
-  CHECK(policy_of(seg, NULL) == MPOL_DEFAULT);
-  coll_numa_free(ctx);
-  return 0;
-}
-
-static int test_report_api(void) {
-  char *text = NULL;
-  CHECK(coll_numa_report(NULL, 3, "ddr", "cluster", 1, &text) == 0);
-  CHECK(strstr(text, "\"rank\": 2") != NULL);
-  free(text);
-  text = (char *)0x1;
-  CHECK(coll_numa_report(NULL, 3, "bogus", NULL, 1, &text) == -EINVAL && text == (char *)0x1);
   return 0;
 }
 
@@ -564,16 +354,8 @@ static int test_segment_cluster_choice(void) {
   return 0;
 }
 
-typedef struct {
-  const char *name;
-  int (*fn)(void);
-} test_t;
-
 int main(void) {
   const test_t tests[] = {
-      {"no_hbm_says_ddr", test_no_hbm_says_ddr},
-      {"cpubind_core", test_cpubind_core},
-      {"bind_none_has_no_pu", test_bind_none_has_no_pu},
       {"segment_hbm_preferred", test_segment_hbm_preferred},
       {"segment_hbm_bind", test_segment_hbm_bind},
       {"segment_hbm_interleave", test_segment_hbm_interleave},
@@ -582,37 +364,8 @@ int main(void) {
       {"eperm_at_setup", test_eperm_at_setup},
       {"over_capacity", test_over_capacity},
       {"cumulative_bind", test_cumulative_bind},
-      {"scratch_bind_counts", test_scratch_bind_counts},
       {"preferred_no_spill_notice", test_preferred_no_spill_notice},
-      {"scratch_ddr", test_scratch_ddr},
-      {"scratch_memkind_hbw", test_scratch_memkind_hbw},
-      {"scratch_mbind_path", test_scratch_mbind_path},
-      {"bad_arguments", test_bad_arguments},
-      {"foreign_topology_never_binds", test_foreign_topology_never_binds},
-      {"report_api", test_report_api},
       {"segment_cluster_choice", test_segment_cluster_choice},
   };
-  int passed = 0, failed = 0, skipped = 0;
-  for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(60);
-      clear_env();
-      _exit(tests[i].fn());
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    int skip = WIFEXITED(st) && WEXITSTATUS(st) == SKIP;
-    printf("%s %s", ok ? "ok  " : skip ? "skip" : "FAIL", tests[i].name);
-    if (WIFSIGNALED(st))
-      printf(" (killed by signal %d)", WTERMSIG(st));
-    printf("\n");
-    passed += ok;
-    skipped += skip;
-    failed += !ok && !skip;
-  }
-  printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
-  return failed ? 1 : 0;
+  return run_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }
