@@ -15,7 +15,7 @@ DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemk
                numactl mpich libmpich-dev
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
-.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore clean
+.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean
 
 all: build
 
@@ -79,6 +79,11 @@ build/coll_bench: bench/c/coll_bench.c bench/c/staged_floor.c $(LIB_A)
 
 bench-c: build/coll_bench
 	build/coll_bench $(ARGS)
+
+# Small collectives at many ranks: tree, flat, the commit before the trees and MPICH in one run,
+# wall time and callgrind's wait counts (bench/many_ranks.py; ARGS="--np 16 --rounds 1" to shorten).
+bench-many: build build/coll_bench
+	$(PYTHON) bench/many_ranks.py $(ARGS)
 
 build/xcore_bench: bench/c/xcore_bench.c
 	gcc -std=c11 -O3 -g $< -o $@
