@@ -60,6 +60,8 @@ core = Extension(
     extra_compile_args=["-std=c11", "-O3"] + WARN + ["-Wno-cast-function-type"],
     extra_objects=[PREBUILT] if PREBUILT else [],
     libraries=LINK,
+    # relinked when the library or a header changes, not only its own sources
+    depends=([PREBUILT] if PREBUILT else []) + sources("pymod/*.h") + HEADERS,
 )
 
 PC = """prefix=${pcfiledir}/../..
@@ -84,6 +86,7 @@ class BuildExt(build_ext):
             lib = os.path.join(self.get_finalized_command("build_clib").build_clib, "libhbmcoll.a")
             self.libraries = [n for n in self.libraries if n != "hbmcoll"]
             core.extra_objects = [lib]
+            core.depends.append(lib)
         super().run()
         pkg = os.path.dirname(self.get_ext_fullpath("hbmcoll._core"))
         os.makedirs(os.path.join(pkg, "lib", "pkgconfig"), exist_ok=True)

@@ -145,8 +145,14 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     comm_layout(&h, c->size, &c->params);
     if ((rc = coll__segment_create(h.total_bytes, &c->fd)) != 0)
       return comm_fail_local(c, rc, "could not create the shared segment (memfd_create)");
-    if ((rc = coll__segment_map(c->fd, h.total_bytes, &c->base)) != 0)
-      return comm_fail_local(c, rc, "could not map the shared segment");
+    if ((rc = coll__segment_map(c->fd, h.total_bytes, &c->base)) != 0) {
+      /* the arena is virtual, but it counts against address-space limits (ulimit -v, valgrind) */
+      char what[160];
+      snprintf(what, sizeof what, "could not map the shared segment of %.1f GiB "
+               "(HBMCOLL_ARENA_BYTES for each of %d ranks; lower it)",
+               (double)h.total_bytes / (double)(1u << 30), c->size);
+      return comm_fail_local(c, rc, what);
+    }
     c->map_bytes = h.total_bytes;
     c->hdr = (coll__header_t *)c->base;
     comm_advise_huge(c, &h);

@@ -91,6 +91,20 @@ def test_malformed_timeout_fails_before_waiting_for_peers():
         res.stderr
 
 
+def test_segment_beyond_the_address_space_limit_is_said():
+    """The arena is virtual but counts against ulimit -v (and valgrind's limit): the error
+    names the size and the variable to lower, not only "Cannot allocate memory"."""
+    import resource
+
+    code = "import hbmcoll\nhbmcoll.init()\n"
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=_env(HBMCOLL_ARENA_BYTES="8G"), preexec_fn=limit)
+    assert res.returncode == 1, res.stderr
+    assert "hbmcoll.OutOfMemoryError: could not map the shared segment of 8.0 GiB" in res.stderr
+    assert "HBMCOLL_ARENA_BYTES" in res.stderr, res.stderr
+
+
 def test_malformed_torch_inline_is_refused():
     torch = pytest.importorskip("torch")  # noqa: F841
     code = ("import hbmcoll.torch, torch.distributed as dist\n"
