@@ -127,6 +127,11 @@ int coll__numa_place_for(const coll_numa_topo_t *topo, const coll_numa_plan_t *p
                          coll_numa_place_t *place_p);
 int coll__numa_segment_cluster(const coll_numa_plan_t *plan, const int *user_ranks, int nusers);
 const char *coll__numa_mode_name(coll_numa_mode_t mode);
+/* Policy from the words (or the environment), topology from path (NULL: this machine), plan
+ * for nranks (<= 0: one per core): 0 and both, or an error of any of the three and neither. */
+int coll__numa_plan_for(const char *topology_path, int nranks, const char *memory_policy,
+                        const char *bind_policy, coll_numa_topo_t **topo_p,
+                        coll_numa_plan_t **plan_p);
 void coll__numa_addnote(char *notes, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

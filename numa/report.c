@@ -268,21 +268,33 @@ int coll_numa_ctx_report(const coll_numa_ctx_t *ctx, int json, char **text_p) {
   return report_render(ctx->topo, ctx->plan, json, ctx->notes, 1, text_p);
 }
 
-int coll_numa_report(const char *topology_path, int nranks, const char *memory_policy,
-                     const char *bind_policy, int json, char **text_p) {
+int coll__numa_plan_for(const char *topology_path, int nranks, const char *memory_policy,
+                        const char *bind_policy, coll_numa_topo_t **topo_p,
+                        coll_numa_plan_t **plan_p) {
   coll_numa_policy_t pol;
   coll_numa_topo_t *topo = NULL;
-  coll_numa_plan_t *plan = NULL;
   int rc;
-  if (text_p == NULL)
-    return -EINVAL;
   if ((rc = coll_numa_policy_from_env(memory_policy, bind_policy, &pol)) != 0)
     return rc;
   if ((rc = coll_numa_topo_load(topology_path, &topo)) != 0)
     return rc;
-  if (nranks <= 0)
-    nranks = coll_numa_topo_ncores(topo);
-  if ((rc = coll_numa_plan_make(topo, nranks, &pol, &plan)) == 0)
+  if ((rc = coll_numa_plan_make(topo, nranks > 0 ? nranks : coll_numa_topo_ncores(topo), &pol,
+                                plan_p)) != 0) {
+    coll_numa_topo_free(topo);
+    return rc;
+  }
+  *topo_p = topo;
+  return 0;
+}
+
+int coll_numa_report(const char *topology_path, int nranks, const char *memory_policy,
+                     const char *bind_policy, int json, char **text_p) {
+  coll_numa_topo_t *topo = NULL;
+  coll_numa_plan_t *plan = NULL;
+  if (text_p == NULL)
+    return -EINVAL;
+  int rc = coll__numa_plan_for(topology_path, nranks, memory_policy, bind_policy, &topo, &plan);
+  if (rc == 0)
     rc = coll_numa_plan_render(topo, plan, json, text_p);
   coll_numa_plan_free(plan);
   coll_numa_topo_free(topo);

@@ -66,20 +66,15 @@ static void tree_render(FILE *f, int n, const int *pu, const int *tile, const in
 
 int coll_numa_tree_report(const char *topology_path, int nranks, const char *memory_policy,
                           const char *bind_policy, int json, char **text_p) {
-  coll_numa_policy_t pol;
   coll_numa_topo_t *topo = NULL;
   coll_numa_plan_t *plan = NULL;
-  int rc;
   if (text_p == NULL) return -EINVAL;
-  if ((rc = coll_numa_policy_from_env(memory_policy, bind_policy, &pol)) != 0) return rc;
-  if ((rc = coll_numa_topo_load(topology_path, &topo)) != 0) return rc;
-  if (nranks <= 0) nranks = coll_numa_topo_ncores(topo);
-  int *pu = NULL, *tile = NULL, *cluster = NULL, *parent = NULL;
-  if ((rc = coll_numa_plan_make(topo, nranks, &pol, &plan)) == 0) {
-    pu = malloc((size_t)nranks * sizeof *pu), tile = malloc((size_t)nranks * sizeof *tile);
-    parent = malloc((size_t)nranks * sizeof *parent), cluster = malloc((size_t)nranks * sizeof *cluster);
-    rc = pu && tile && parent && cluster ? 0 : -ENOMEM;
-  }
+  int rc = coll__numa_plan_for(topology_path, nranks, memory_policy, bind_policy, &topo, &plan);
+  if (rc) return rc;
+  nranks = plan->nranks;
+  int *pu = malloc((size_t)nranks * sizeof *pu), *tile = malloc((size_t)nranks * sizeof *tile);
+  int *parent = malloc((size_t)nranks * sizeof *parent), *cluster = malloc((size_t)nranks * sizeof *cluster);
+  rc = pu && tile && parent && cluster ? 0 : -ENOMEM;
   for (int r = 0; rc == 0 && r < nranks; r++) {
     pu[r] = plan->ranks[r].pu;
     tile[r] = plan->ranks[r].pu >= 0 ? tree_rank_tile(topo, &plan->ranks[r]) : -1;
