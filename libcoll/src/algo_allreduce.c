@@ -238,12 +238,12 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
 
 int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  int algo = c->params.algo[a->kind];
-  if (coll__tree_wanted(c, a->kind, a->count && nbytes <= c->params.small_max &&
+  int algo = coll__forced_algo(c, a->kind);
+  if (coll__tree_wanted(c, a->kind, a->count && nbytes <= coll__small_max(c) &&
                                         nbytes <= coll__slot_bytes(c)))
     return coll__reduce_tree(c, a);
   if (algo && algo == coll__algo_id(a->kind, "tree")) algo = 0; /* too large for it: choose */
-  if (a->count == 0 || (algo == 0 && nbytes <= c->params.small_max)) {
+  if (a->count == 0 || (algo == 0 && nbytes <= coll__small_max(c))) {
     algo = AR_FLAT;
   } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE &&
              nbytes < coll__stream_min(c)) {

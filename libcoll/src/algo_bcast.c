@@ -55,7 +55,7 @@ static int bcast_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
 int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   size_t chunk = coll__slot_bytes(c);
-  int small = nbytes <= c->params.small_max && nbytes <= chunk;
+  int small = nbytes <= coll__small_max(c) && nbytes <= chunk;
   if (coll__tree_wanted(c, COLL_BCAST, small)) return coll__bcast_tree(c, a);
   if (small) return bcast_eager(c, a, nbytes);
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
@@ -63,9 +63,9 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   uint8_t *buf = a->recv;
   uint64_t zoff = 0;
   int single = 0;
-  if (c->rank == root && c->params.algo[COLL_BCAST] != 1) {
+  if (c->rank == root && coll__forced_algo(c, COLL_BCAST) != coll__algo_id(COLL_BCAST, "flat")) {
     zoff = coll__arena_offset(c, buf, nbytes);
-    single = !zoff && c->cma && nbytes >= c->params.cma_min;
+    single = !zoff && coll__single_copy_from(c, nbytes);
     if (single) zoff = (uint64_t)(uintptr_t)buf;
   }
   uint64_t t0 = coll__round_begin(c, a, BC_PIPELINED, zoff, 0);

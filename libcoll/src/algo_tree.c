@@ -29,11 +29,11 @@
 enum { TREE_ALGO = 9 }; /* in descriptors: differs from every flat algorithm's id */
 
 int coll__tree_wanted(const coll_comm_t *c, coll_kind_t kind, int fits) {
-  if (!fits || c->tree == NULL) return 0;
-  int forced = c->params.algo[kind];
+  if (!fits || coll__tree(c) == NULL) return 0;
+  int forced = coll__forced_algo(c, kind);
   /* oversubscribed, a wait sleeps instead of polling, and each level of the tree costs a
    * wake-up in turn: flat is faster there (bench/README.md) */
-  return forced ? forced == coll__algo_id(kind, "tree") : c->size > COLL_TREE_FANOUT && c->hdr->roomy;
+  return forced ? forced == coll__algo_id(kind, "tree") : c->size > COLL_TREE_FANOUT && coll__roomy(c);
 }
 
 static int tree_enter(coll_comm_t *c, const coll_args_t *a, int root, coll__tree_view_t *v,
@@ -72,7 +72,7 @@ static int tree_release(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t0,
 int coll__barrier_tree(coll_comm_t *c, const coll_args_t *a) {
   coll__tree_view_t v;
   uint64_t t0;
-  int rc = tree_enter(c, a, c->tree->root, &v, &t0);
+  int rc = tree_enter(c, a, coll__tree(c)->root, &v, &t0);
   if (rc || (rc = coll__wait_children(c, &v, t0 + 1)) != 0) return rc;
   if (v.parent >= 0) {
     coll__publish(c, t0 + 1);
@@ -97,7 +97,7 @@ int coll__bcast_tree(coll_comm_t *c, const coll_args_t *a) {
 /* The root: the blocks of each child's subtree, in preorder, from its slot into place. */
 static void gather_unpack(coll_comm_t *c, const coll__tree_view_t *v, uint64_t t, uint8_t *recv,
                           size_t nbytes) {
-  const coll__tree_t *t_ = c->tree;
+  const coll__tree_t *t_ = coll__tree(c);
   for (int i = 0; i < v->n; i++) {
     int at = coll__tree_swap(t_, v->root, v->child[i]), first = t_->pre_at[at];
     const uint8_t *from = coll__peer_slot(c, v->child[i], t);
@@ -122,10 +122,11 @@ int coll__gather_tree(coll_comm_t *c, const coll_args_t *a) {
   }
   uint8_t *slot; /* mine, then each child's subtree as it packed it */
   if ((rc = coll__stage(c, t0 + 1, &slot)) != 0) return rc;
+  const coll__tree_t *tree = coll__tree(c);
   size_t off = nbytes;
   if (nbytes) memcpy(slot, a->send, nbytes);
   for (int i = 0; i < v.n && nbytes; i++) {
-    size_t len = (size_t)c->tree->size[coll__tree_swap(c->tree, v.root, v.child[i])] * nbytes;
+    size_t len = (size_t)tree->size[coll__tree_swap(tree, v.root, v.child[i])] * nbytes;
     memcpy(slot + off, coll__peer_slot(c, v.child[i], t0 + 1), len);
     off += len;
   }
@@ -140,7 +141,7 @@ int coll__reduce_tree(coll_comm_t *c, const coll_args_t *a) {
   int all = a->kind == COLL_ALLREDUCE;
   coll__tree_view_t v;
   uint64_t t0;
-  int rc = tree_enter(c, a, all ? c->tree->root : a->root, &v, &t0);
+  int rc = tree_enter(c, a, all ? coll__tree(c)->root : a->root, &v, &t0);
   if (rc || (rc = coll__wait_children(c, &v, t0 + 1)) != 0) return rc;
   const void *in[1 + COLL_TREE_FANOUT] = {a->send};
   for (int i = 0; i < v.n; i++) in[1 + i] = coll__peer_slot(c, v.child[i], t0 + 1);

@@ -109,6 +109,18 @@ void coll__stage_pieces(uint8_t *slot, const uint8_t *src, size_t nbytes, size_t
 static inline size_t coll__slot_bytes(const coll_comm_t *c) { return c->hdr->slot_bytes; }
 /* From this many bytes, results are written with streaming stores (the same on every rank). */
 static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->stream_min; }
+/* Up to this many bytes a message is small (HBMCOLL_SMALL_MAX). */
+static inline size_t coll__small_max(const coll_comm_t *c) { return c->params.small_max; }
+/* The algorithm forced for a kind (HBMCOLL_ALGO, coll_set_algorithm), 0: automatic. */
+static inline int coll__forced_algo(const coll_comm_t *c, coll_kind_t kind) { return c->params.algo[kind]; }
+/* Single copy between private buffers works here and pays from this many bytes (cma.c). */
+static inline int coll__single_copy_from(const coll_comm_t *c, size_t nbytes) {
+  return c->cma && nbytes >= c->params.cma_min;
+}
+/* 1 when every rank has a CPU of its own (rank 0's view at creation, the same on all). */
+static inline int coll__roomy(const coll_comm_t *c) { return c->hdr->roomy != 0; }
+/* The small collectives' tree (tree.h), NULL when there is none. */
+static inline const coll__tree_t *coll__tree(const coll_comm_t *c) { return c->tree; }
 /* The address of a segment offset a peer published. */
 static inline uint8_t *coll__shared(coll_comm_t *c, uint64_t off) { return c->base + off; }
 /* Single copy with a peer's process: read (write 0) or write n bytes at its address remote. */
