@@ -12,7 +12,7 @@ CALLER_PYTHONPATH := $(PYTHONPATH)
 export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev \
-               numactl mpich libmpich-dev
+               numactl mpich libmpich-dev libfabric-dev libfabric-bin iproute2 nftables
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
 .PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean

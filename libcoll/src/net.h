@@ -1,0 +1,71 @@
+/*
+ * net.h - the bridge between nodes: one endpoint per rank, a pool of memory registered
+ * with the NIC once, and notified one-sided writes into the peers' pools.
+ *
+ * The model is Soft Memory Box's: every rank registers one pool when the job starts and
+ * hands its card (address, key, base) to the ranks of other nodes out of band; from then on
+ * a rank writes straight into a peer's pool, and the write carries a 32-bit note that the
+ * peer sees once the bytes are in place (RDMA write with immediate data on verbs, remote CQ
+ * data in libfabric). 32 bits because verbs carries no more. Nothing else crosses: no
+ * atomics (rxm emulates them on the CPU), no reads on the data path (a round trip).
+ *
+ * net_ofi.c implements it over libfabric RDM endpoints: `verbs;ofi_rxm` on InfiniBand and
+ * RoCE, `tcp;ofi_rxm` elsewhere, `shm` inside a node (the virtual-address path), the same
+ * calls on each. Progress is driven by the caller: every wait polls the completion queue
+ * (tcp has manual progress only).
+ */
+#ifndef COLL_NET_H
+#define COLL_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Built without libfabric's headers (pip on a machine without libfabric-dev) or with
+ * -DCOLL_NET_NO_OFI, the bridge is net_none.c: every open says so. */
+#if defined(__has_include) && !defined(COLL_NET_NO_OFI)
+#if __has_include(<rdma/fabric.h>)
+#define COLL_NET_OFI 1
+#endif
+#endif
+
+typedef struct coll__net coll__net_t;
+
+/* A rank's card: what a peer needs to reach its endpoint and write into its pool. */
+#define COLL_NET_CARD_MAX 256
+
+/* Open an endpoint and register a pool of pool_bytes (page aligned, zeroed) for remote
+ * writes. iface: the interface (libfabric's domain name for tcp and verbs, e.g. "eth0" or
+ * "mlx5_0"), NULL for the first the provider offers. FI_PROVIDER chooses the provider as
+ * libfabric reads it. Returns 0 and *net_p, or COLL_ENOTSUP (no provider offers RDM
+ * endpoints with RMA here, or none on iface: the text names what was asked and what
+ * exists), -ENOMEM, or another code with a sentence in err. */
+int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+                   size_t errlen);
+void coll__net_close(coll__net_t *net); /* NULL is fine */
+
+/* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0". */
+const char *coll__net_describe(const coll__net_t *net);
+/* This rank's pool (the bytes peers write; also the source of its own writes). */
+uint8_t *coll__net_pool(coll__net_t *net);
+size_t coll__net_pool_bytes(const coll__net_t *net);
+
+/* My card into card[0..COLL_NET_CARD_MAX); returns its length. */
+size_t coll__net_card(const coll__net_t *net, uint8_t *card);
+/* Add a peer from its card: 0 and *peer_p (0, 1, ... in the order added), or COLL_EBADARG
+ * (not a card of this provider) or a libfabric failure with a sentence in err. */
+int coll__net_add_peer(coll__net_t *net, const uint8_t *card, size_t len, int *peer_p,
+                       char *err, size_t errlen);
+
+/* Write len bytes at my pool's offset `from` into peer's pool at offset `to`, with `note`:
+ * the peer's coll__net_poll returns the note once the bytes are there. Returns 0 once the
+ * write is posted (retrying while the provider says again), or a failure with a sentence.
+ * My bytes [from, from+len) must stay unchanged until coll__net_flush. */
+int coll__net_write(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                    char *err, size_t errlen);
+/* Until every write I posted completed (my pool may be reused). */
+int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
+/* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a
+ * failure (a peer's endpoint went away, the link failed) with a sentence in err. */
+int coll__net_poll(coll__net_t *net, uint32_t *note_p, char *err, size_t errlen);
+
+#endif /* COLL_NET_H */

@@ -1,0 +1,345 @@
+/*
+ * net_ofi.c - the bridge over libfabric (net.h): an RDM endpoint, one registered pool,
+ * fi_writedata into the peers' pools with a 32-bit note as remote CQ data.
+ *
+ * What the providers differ in is decided from what fi_getinfo returns, not from names:
+ *  - mr_mode: verbs and shm want virtual addresses and the keys they hand out
+ *    (FI_MR_VIRT_ADDR, FI_MR_PROV_KEY), tcp returns an empty mr_mode (offsets from the
+ *    region's start, keys the application picks). The card carries base and key, and a
+ *    write targets base + offset or the offset alone.
+ *  - FI_RX_CQ_DATA: where remote CQ data consumes a posted receive (verbs), receives of no
+ *    bytes are kept posted.
+ *  - cq_data_size: at least the 4 bytes of a note, else the provider is refused.
+ * Progress is manual on tcp: every call that waits reads the completion queue, and notes
+ * that arrive while a flush waits for its own writes are queued for the next poll.
+ *
+ * libfabric is opened with dlopen when the first endpoint is: a job on one node never loads
+ * it (nor the verbs and rdmacm libraries it pulls in), and a machine without it gets one
+ * sentence at init. Only five of its functions are symbols; the rest are inline calls
+ * through the objects' operation tables.
+ */
+#include "net.h"
+#ifdef COLL_NET_OFI
+#include <dlfcn.h>
+#include <errno.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "coll.h"
+
+#define NET_VERSION FI_VERSION(1, 9)
+#define NET_RX_POSTED 64          /* empty receives kept posted under FI_RX_CQ_DATA */
+#define NET_CARD_MAGIC 0x48424e43u /* "HBNC" */
+#define NET_KEY 0xC011u            /* the key we pick where the provider lets us */
+
+typedef struct {
+  uint32_t magic, addrlen;
+  uint64_t base, key;
+} net_card_head_t;
+
+typedef struct {
+  fi_addr_t addr;
+  uint64_t base, key;
+} net_peer_t;
+
+struct coll__net {
+  struct fi_info *info; /* the one entry chosen (a copy) */
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  struct fid_av *av;
+  struct fid_cq *cq;
+  struct fid_ep *ep;
+  struct fid_mr *mr;
+  void *desc;
+  uint8_t *pool;
+  size_t pool_bytes;
+  uint64_t key;
+  int virt_addr, rx_cq_data;
+  net_peer_t *peers;
+  int npeers, cap;
+  uint64_t posted, completed; /* my writes */
+  uint32_t *queued;           /* notes that arrived during a flush */
+  size_t nqueued, qcap, qhead;
+  char line[192];
+};
+
+static struct {
+  int tried;
+  void *lib;
+  int (*getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
+                 struct fi_info **);
+  void (*freeinfo)(struct fi_info *);
+  struct fi_info *(*dupinfo)(const struct fi_info *);
+  int (*fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+  const char *(*strerror)(int);
+} net_fi;
+
+static int net_load(char *err, size_t errlen) {
+  if (!net_fi.tried) {
+    net_fi.tried = 1;
+    void *lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+      *(void **)&net_fi.getinfo = dlsym(lib, "fi_getinfo");
+      *(void **)&net_fi.freeinfo = dlsym(lib, "fi_freeinfo");
+      *(void **)&net_fi.dupinfo = dlsym(lib, "fi_dupinfo");
+      *(void **)&net_fi.fabric = dlsym(lib, "fi_fabric");
+      *(void **)&net_fi.strerror = dlsym(lib, "fi_strerror");
+      if (net_fi.getinfo && net_fi.freeinfo && net_fi.dupinfo && net_fi.fabric && net_fi.strerror)
+        net_fi.lib = lib;
+      else
+        dlclose(lib);
+    }
+  }
+  if (net_fi.lib) return 0;
+  snprintf(err, errlen, "the bridge between nodes needs libfabric, and libfabric.so.1 does not "
+           "load here (Debian: apt-get install libfabric1)");
+  return COLL_ENOTSUP;
+}
+
+static int net_fail(char *err, size_t errlen, int rc, const char *what) {
+  snprintf(err, errlen, "%s: %s", what, net_fi.strerror(rc < 0 ? -rc : rc));
+  return rc < 0 ? rc : -rc;
+}
+
+/* The entry to use: on iface if one is named, IPv4 before IPv6 (link-local v6 addresses
+ * need a scope that a card does not carry). */
+static struct fi_info *net_pick(struct fi_info *list) {
+  for (struct fi_info *i = list; i; i = i->next)
+    if (i->addr_format != FI_SOCKADDR_IN6) return i;
+  return list;
+}
+
+static int net_post_receives(coll__net_t *n, int count) {
+  for (int k = 0; k < count; k++) {
+    ssize_t rc;
+    while ((rc = fi_recv(n->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, NULL)) == -FI_EAGAIN) {
+      struct fi_cq_data_entry e;
+      (void)fi_cq_read(n->cq, &e, 0); /* progress only */
+    }
+    if (rc) return (int)rc;
+  }
+  return 0;
+}
+
+static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
+  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+  int rc;
+  if ((rc = net_fi.fabric(n->info->fabric_attr, &n->fabric, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_fabric");
+  if ((rc = fi_domain(n->fabric, n->info, &n->domain, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_domain");
+  if ((rc = fi_cq_open(n->domain, &cq_attr, &n->cq, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_cq_open");
+  if ((rc = fi_av_open(n->domain, &av_attr, &n->av, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_av_open");
+  if ((rc = fi_endpoint(n->domain, n->info, &n->ep, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_endpoint");
+  if ((rc = fi_ep_bind(n->ep, &n->av->fid, 0)) != 0 ||
+      (rc = fi_ep_bind(n->ep, &n->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+    return net_fail(err, errlen, rc, "fi_ep_bind");
+  if ((rc = fi_enable(n->ep)) != 0) return net_fail(err, errlen, rc, "fi_enable");
+  uint64_t mr_mode = (uint64_t)n->info->domain_attr->mr_mode;
+  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  if ((rc = fi_mr_reg(n->domain, n->pool, n->pool_bytes, access, 0,
+                      mr_mode & FI_MR_PROV_KEY ? 0 : NET_KEY, 0, &n->mr, NULL)) != 0)
+    return net_fail(err, errlen, rc, "fi_mr_reg (the pool)");
+  if (mr_mode & FI_MR_ENDPOINT) {
+    if ((rc = fi_mr_bind(n->mr, &n->ep->fid, 0)) != 0 || (rc = fi_mr_enable(n->mr)) != 0)
+      return net_fail(err, errlen, rc, "fi_mr_bind (the pool)");
+  }
+  n->key = fi_mr_key(n->mr);
+  n->desc = fi_mr_desc(n->mr);
+  n->virt_addr = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  n->rx_cq_data = (n->info->mode & FI_RX_CQ_DATA) != 0;
+  if (n->rx_cq_data && (rc = net_post_receives(n, NET_RX_POSTED)) != 0)
+    return net_fail(err, errlen, rc, "fi_recv");
+  return 0;
+}
+
+int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+                   size_t errlen) {
+  int rc = net_load(err, errlen);
+  if (rc) return rc;
+  struct fi_info *hints = net_fi.dupinfo(NULL), *list = NULL;
+  coll__net_t *n = calloc(1, sizeof *n);
+  rc = hints && n ? 0 : -ENOMEM;
+  if (rc == 0) {
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG | FI_RMA;
+    hints->mode = FI_RX_CQ_DATA;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (iface && (hints->domain_attr->name = strdup(iface)) == NULL) rc = -ENOMEM;
+  }
+  if (rc == 0 && (rc = net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list)) != 0) {
+    const char *prov = getenv("FI_PROVIDER");
+    snprintf(err, errlen, "no libfabric provider offers RDM endpoints with RMA%s%s%s%s (%s); "
+             "`fi_info -t FI_EP_RDM -c FI_RMA` lists what this machine has",
+             prov ? " for FI_PROVIDER=" : "", prov ? prov : "", iface ? " on interface " : "",
+             iface ? iface : "", net_fi.strerror(-rc));
+    rc = rc == -FI_ENODATA ? COLL_ENOTSUP : rc;
+  }
+  if (rc == 0) {
+    n->info = net_fi.dupinfo(net_pick(list));
+    n->pool_bytes = (pool_bytes + 4095) & ~(size_t)4095;
+    n->pool = mmap(NULL, n->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (n->info == NULL || n->pool == MAP_FAILED) {
+      n->pool = NULL;
+      rc = -ENOMEM;
+      snprintf(err, errlen, "out of memory for the network pool of %zu bytes", n->pool_bytes);
+    } else if (n->info->domain_attr->cq_data_size < sizeof(uint32_t)) {
+      rc = COLL_ENOTSUP;
+      snprintf(err, errlen, "provider %s carries %zu bytes of remote CQ data, fewer than a note's 4",
+               n->info->fabric_attr->prov_name, n->info->domain_attr->cq_data_size);
+    } else {
+      rc = net_open_parts(n, err, errlen);
+    }
+  }
+  if (list) net_fi.freeinfo(list);
+  if (hints) net_fi.freeinfo(hints);
+  if (rc) {
+    coll__net_close(n);
+    return rc;
+  }
+  snprintf(n->line, sizeof n->line, "provider %s, fabric %s, interface %s",
+           n->info->fabric_attr->prov_name, n->info->fabric_attr->name, n->info->domain_attr->name);
+  *net_p = n;
+  return 0;
+}
+
+void coll__net_close(coll__net_t *n) {
+  if (n == NULL) return;
+  if (n->ep) fi_close(&n->ep->fid);
+  if (n->mr) fi_close(&n->mr->fid);
+  if (n->av) fi_close(&n->av->fid);
+  if (n->cq) fi_close(&n->cq->fid);
+  if (n->domain) fi_close(&n->domain->fid);
+  if (n->fabric) fi_close(&n->fabric->fid);
+  if (n->info) net_fi.freeinfo(n->info);
+  if (n->pool) munmap(n->pool, n->pool_bytes);
+  free(n->peers);
+  free(n->queued);
+  free(n);
+}
+
+const char *coll__net_describe(const coll__net_t *n) { return n->line; }
+uint8_t *coll__net_pool(coll__net_t *n) { return n->pool; }
+size_t coll__net_pool_bytes(const coll__net_t *n) { return n->pool_bytes; }
+
+size_t coll__net_card(const coll__net_t *n, uint8_t *card) {
+  net_card_head_t h = {NET_CARD_MAGIC, 0, n->virt_addr ? (uint64_t)(uintptr_t)n->pool : 0, n->key};
+  size_t len = COLL_NET_CARD_MAX - sizeof h;
+  if (fi_getname(&n->ep->fid, card + sizeof h, &len) != 0) len = 0;
+  h.addrlen = (uint32_t)len;
+  memcpy(card, &h, sizeof h);
+  return sizeof h + len;
+}
+
+int coll__net_add_peer(coll__net_t *n, const uint8_t *card, size_t len, int *peer_p, char *err,
+                       size_t errlen) {
+  net_card_head_t h;
+  if (len < sizeof h) return COLL_EBADARG;
+  memcpy(&h, card, sizeof h);
+  if (h.magic != NET_CARD_MAGIC || h.addrlen == 0 || sizeof h + h.addrlen > len) {
+    snprintf(err, errlen, "a peer's network card is malformed");
+    return COLL_EBADARG;
+  }
+  if (n->npeers == n->cap) {
+    int cap = n->cap ? 2 * n->cap : 8;
+    net_peer_t *p = realloc(n->peers, (size_t)cap * sizeof *p);
+    if (p == NULL) return -ENOMEM;
+    n->peers = p, n->cap = cap;
+  }
+  net_peer_t *p = &n->peers[n->npeers];
+  int rc = fi_av_insert(n->av, card + sizeof h, 1, &p->addr, 0, NULL);
+  if (rc != 1) return net_fail(err, errlen, rc < 0 ? rc : -FI_EINVAL, "fi_av_insert (a peer's address)");
+  p->base = h.base, p->key = h.key;
+  *peer_p = n->npeers++;
+  return 0;
+}
+
+/* One completion: a peer's note (1, queued when `queue`), my write done (0), nothing (0),
+ * or a failure. */
+static int net_read_one(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
+  struct fi_cq_data_entry e;
+  ssize_t got = fi_cq_read(n->cq, &e, 1);
+  if (got == -FI_EAGAIN || got == 0) return 0;
+  if (got == -FI_EAVAIL) {
+    struct fi_cq_err_entry ee = {0};
+    fi_cq_readerr(n->cq, &ee, 0);
+    snprintf(err, errlen, "a network transfer failed: %s (%s)", net_fi.strerror(ee.err),
+             fi_cq_strerror(n->cq, ee.prov_errno, ee.err_data, NULL, 0));
+    return ee.err ? -ee.err : -EIO;
+  }
+  if (got < 0) return net_fail(err, errlen, (int)got, "fi_cq_read");
+  if (e.flags & FI_REMOTE_CQ_DATA) {
+    if (n->rx_cq_data) {
+      int rc = net_post_receives(n, 1);
+      if (rc) return net_fail(err, errlen, rc, "fi_recv");
+    }
+    *note_p = (uint32_t)e.data;
+    return 1;
+  }
+  if (e.flags & FI_WRITE) n->completed++;
+  return 0;
+}
+
+static int net_queue(coll__net_t *n, uint32_t note) {
+  if (n->qhead == n->nqueued) n->qhead = n->nqueued = 0;
+  if (n->nqueued == n->qcap) {
+    size_t cap = n->qcap ? 2 * n->qcap : 64;
+    uint32_t *q = realloc(n->queued, cap * sizeof *q);
+    if (q == NULL) return -ENOMEM;
+    n->queued = q, n->qcap = cap;
+  }
+  n->queued[n->nqueued++] = note;
+  return 0;
+}
+
+int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                    char *err, size_t errlen) {
+  if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
+    return COLL_EBADARG;
+  const net_peer_t *p = &n->peers[peer];
+  for (;;) {
+    ssize_t rc = fi_writedata(n->ep, n->pool + from, len, n->desc, note, p->addr, p->base + to,
+                              p->key, NULL);
+    if (rc == 0) break;
+    if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
+    uint32_t got; /* the provider wants progress (rxm connects on demand) */
+    int r = net_read_one(n, &got, err, errlen);
+    if (r < 0) return r;
+    if (r == 1 && net_queue(n, got) != 0) return -ENOMEM;
+  }
+  n->posted++;
+  return 0;
+}
+
+int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
+  while (n->completed < n->posted) {
+    uint32_t got;
+    int r = net_read_one(n, &got, err, errlen);
+    if (r < 0) return r;
+    if (r == 1 && net_queue(n, got) != 0) return -ENOMEM;
+  }
+  return 0;
+}
+
+int coll__net_poll(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
+  if (n->qhead < n->nqueued) {
+    *note_p = n->queued[n->qhead++];
+    return 1;
+  }
+  return net_read_one(n, note_p, err, errlen);
+}
+#endif /* COLL_NET_OFI */
