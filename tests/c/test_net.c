@@ -9,8 +9,10 @@
  *    flushes (notes that come in during a flush are kept for the next poll);
  *  - a card that is not one is refused; a provider that does not exist is one sentence.
  * Providers: shm (virtual addresses and provider keys: the verbs-like path) and
- * tcp;ofi_rxm on the loopback interface (offsets and keys we choose: the tcp path). A
- * provider this machine lacks is reported as a skip, never as a pass.
+ * tcp;ofi_rxm (offsets and keys we choose: the tcp path), on the loopback interface and
+ * between two emulated nodes (network namespaces on a bridge, tests/c/netns.h), there
+ * also with 1% of the frames dropped. A provider this machine lacks, or a machine where
+ * namespaces cannot be made, is reported as a skip, never as a pass.
  *
  * Prints one line per case and a last line "N passed, N failed"; exits 1 on any failure.
  */
@@ -31,6 +33,7 @@
 #define MAX_RANKS 2
 #define HARNESS_NAME_WIDTH 48
 #include "harness.h"
+#include "netns.h"
 
 enum { SMALL_WRITES = 2000, BIG = 1 << 20, POOL = 4 << 20 };
 
@@ -150,8 +153,9 @@ static int provider_here(const net_case_t *nc) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-static void run_pair(const char *name, const net_case_t *nc) {
-  if (!provider_here(nc)) {
+/* The two ranks, in node 0 and node 1 of ns when it is given. */
+static void run_pair(const char *name, const net_case_t *nc, const netns_t *ns) {
+  if (!ns && !provider_here(nc)) {
     printf("skip %-*s (no %s provider here)\n", HARNESS_NAME_WIDTH, name, nc->provider);
     return;
   }
@@ -166,6 +170,7 @@ static void run_pair(const char *name, const net_case_t *nc) {
     pids[r] = fork();
     if (pids[r] == 0) {
       alarm(60);
+      if (ns && netns_enter(ns, r) != 0) _exit(fail(r, "setns", -errno, ns->node[r]));
       _exit(r == 0 ? rank_main(0, a[1], b[0], nc) : rank_main(1, b[1], a[0], nc));
     }
   }
@@ -194,11 +199,36 @@ static void check_missing_provider(void) {
   record(ok, "net: a missing provider is one sentence", 1, 0, ok ? NULL : "wrong code or text");
 }
 
+static void run_nodes(const char *name, int loss_pct) {
+  static const net_case_t tcp = {"tcp", "hbnet0", 0};
+  netns_t ns;
+  if (netns_up(&ns, 2) != 0) {
+    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, name, ns.why);
+    return;
+  }
+  if (loss_pct && netns_loss(&ns, loss_pct) != 0) {
+    record(0, name, 2, 0, "nft could not add the loss rule");
+  } else {
+    run_pair(name, &tcp, &ns);
+    long seen = 0, dropped = 0;
+    if (loss_pct) { /* the case means something only if frames were lost */
+      int ok = netns_counts(&ns, &seen, &dropped) == 0 && dropped > 0;
+      char why[96];
+      snprintf(why, sizeof why, "the bridge dropped %ld of %ld frames", dropped, seen);
+      record(ok, "net: ... and the bridge did drop frames", 2, 0, ok ? NULL : why);
+      if (getenv("HBMCOLL_TEST_VERBOSE")) printf("     %s\n", why);
+    }
+  }
+  netns_down(&ns);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   static const net_case_t shm = {"shm", NULL, 1}, tcp = {"tcp", "lo", 0};
-  if (CASE("net: shm")) run_pair("net: shm, virtual addresses and provider keys", &shm);
-  if (CASE("net: tcp")) run_pair("net: tcp;ofi_rxm on lo, offsets and our keys", &tcp);
+  if (CASE("net: shm")) run_pair("net: shm, virtual addresses and provider keys", &shm, NULL);
+  if (CASE("net: tcp")) run_pair("net: tcp;ofi_rxm on lo, offsets and our keys", &tcp, NULL);
+  if (CASE("net: two nodes")) run_nodes("net: two nodes (namespaces), tcp;ofi_rxm", 0);
+  if (CASE("net: two nodes, 1% loss")) run_nodes("net: two nodes, 1% of frames dropped", 1);
   if (CASE("net: a missing provider")) check_missing_provider();
   return harness_finish();
 }

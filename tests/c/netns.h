@@ -1,0 +1,121 @@
+/*
+ * netns.h - emulated nodes for the C tests: network namespaces on one bridge.
+ *
+ * netns_up(&nodes, n) makes a namespace for the bridge (hbbr0) and one per node, each with
+ * one veth interface hbnet0 (10.77.0.<node+1>/24) whose other end is on the bridge, as
+ * rdma-bridge.md section 5 describes. A forked rank enters its node with netns_enter; pipes
+ * and memory still cross (only the network is separate), which is what a test needs to
+ * swap cards out of band. netns_loss(&nodes, pct) drops that share of the bridge's frames
+ * (nft; netem is not in this kernel). netns_down removes every namespace, and with them the
+ * interfaces and rules. Needs root and iproute2: netns_up returns -1 with the reason
+ * otherwise, for a skip.
+ *
+ * Header-only (static functions); the test defines nothing first.
+ */
+#ifndef HBMCOLL_TESTS_C_NETNS_H
+#define HBMCOLL_TESTS_C_NETNS_H
+
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NETNS_MAX 8
+
+typedef struct {
+  int n;
+  char bridge[32], node[NETNS_MAX][32];
+  char why[160];
+} netns_t;
+
+/* Run a shell command (printf-style) quietly; 0 when it exited 0. */
+__attribute__((format(printf, 1, 2))) static int netns_sh(const char *fmt, ...) {
+  char cmd[768];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(cmd, sizeof cmd - 20, fmt, ap);
+  va_end(ap);
+  if (len < 0 || (size_t)len >= sizeof cmd - 20) return -1;
+  strcat(cmd, " >/dev/null 2>&1");
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void netns_down(netns_t *ns) {
+  for (int i = 0; i < ns->n; i++) netns_sh("ip netns del %s", ns->node[i]);
+  if (ns->bridge[0]) netns_sh("ip netns del %s", ns->bridge);
+  ns->n = 0;
+  ns->bridge[0] = '\0';
+}
+
+static int netns_up(netns_t *ns, int n) {
+  memset(ns, 0, sizeof *ns);
+  if (geteuid() != 0 || n > NETNS_MAX) {
+    snprintf(ns->why, sizeof ns->why, "emulated nodes need root (network namespaces)");
+    return -1;
+  }
+  const char *b = ns->bridge;
+  snprintf(ns->bridge, sizeof ns->bridge, "hbt%dbr", (int)getpid());
+  if (netns_sh("ip netns add %s && ip -n %s link add hbbr0 type bridge && ip -n %s link set hbbr0 up",
+               b, b, b)) {
+    snprintf(ns->why, sizeof ns->why, "ip netns add failed (iproute2 missing, or no namespaces here)");
+    netns_sh("ip netns del %s", b);
+    ns->bridge[0] = '\0';
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    const char *m = ns->node[i];
+    snprintf(ns->node[i], sizeof ns->node[i], "hbt%dn%d", (int)getpid(), i);
+    ns->n = i + 1;
+    if (netns_sh("ip netns add %s && ip link add hbnet0 netns %s type veth peer name hbp%d netns %s && "
+                 "ip -n %s link set hbp%d master hbbr0 up && ip -n %s addr add 10.77.0.%d/24 dev hbnet0 && "
+                 "ip -n %s link set hbnet0 up && ip -n %s link set lo up",
+                 m, m, i, b, b, i, m, i + 1, m, m)) {
+      snprintf(ns->why, sizeof ns->why, "could not wire node %d into the bridge", i);
+      netns_down(ns);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Drop pct of 100 frames crossing the bridge, at random. */
+static int netns_loss(const netns_t *ns, int pct) {
+  const char *b = ns->bridge;
+  return netns_sh("ip netns exec %s nft add table bridge hbloss && ip netns exec %s nft add chain bridge "
+                  "hbloss drops '{ type filter hook forward priority 0 ; }' && ip netns exec %s nft add "
+                  "rule bridge hbloss drops counter && ip netns exec %s nft add rule bridge hbloss drops "
+                  "numgen random mod 100 '<' %d counter drop", b, b, b, b, pct);
+}
+
+/* Frames the bridge saw and dropped since netns_loss (-1 when unreadable). */
+static int netns_counts(const netns_t *ns, long *seen_p, long *dropped_p) {
+  char cmd[160], line[256];
+  snprintf(cmd, sizeof cmd, "ip netns exec %s nft list chain bridge hbloss drops 2>/dev/null", ns->bridge);
+  FILE *f = popen(cmd, "r");
+  if (f == NULL) return -1;
+  long v[2] = {-1, -1};
+  int k = 0;
+  while (fgets(line, sizeof line, f) && k < 2) {
+    const char *at = strstr(line, "counter packets ");
+    if (at) v[k++] = strtol(at + 16, NULL, 10);
+  }
+  pclose(f);
+  *seen_p = v[0], *dropped_p = v[1];
+  return k == 2 ? 0 : -1;
+}
+
+/* In a forked rank: move this process into node i's network. */
+static int netns_enter(const netns_t *ns, int i) {
+  char path[96];
+  snprintf(path, sizeof path, "/var/run/netns/%s", ns->node[i]);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = setns(fd, CLONE_NEWNET);
+  close(fd);
+  return rc;
+}
+
+#endif /* HBMCOLL_TESTS_C_NETNS_H */
