@@ -7,7 +7,8 @@
  * and memory still cross (only the network is separate), which is what a test needs to
  * swap cards out of band. netns_loss(&nodes, pct) drops that share of the bridge's frames
  * (nft; netem is not in this kernel). netns_down removes every namespace, and with them the
- * interfaces and rules. Needs root and iproute2: netns_up returns -1 with the reason
+ * interfaces and rules (and netns_up first removes those of a run that was killed before
+ * its netns_down). Needs root and iproute2: netns_up returns -1 with the reason
  * otherwise, for a skip.
  *
  * Header-only (static functions); the test defines nothing first.
@@ -15,7 +16,10 @@
 #ifndef HBMCOLL_TESTS_C_NETNS_H
 #define HBMCOLL_TESTS_C_NETNS_H
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,8 +54,21 @@ static void netns_down(netns_t *ns) {
   ns->bridge[0] = '\0';
 }
 
+/* Namespaces of an earlier run that was killed before netns_down (hbt<pid>...): removed. */
+static void netns_sweep(void) {
+  DIR *d = opendir("/var/run/netns");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    int pid = 0;
+    if (sscanf(e->d_name, "hbt%d", &pid) == 1 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+      netns_sh("ip netns del %s", e->d_name);
+  }
+  if (d) closedir(d);
+}
+
 static int netns_up(netns_t *ns, int n) {
   memset(ns, 0, sizeof *ns);
+  netns_sweep();
   if (geteuid() != 0 || n > NETNS_MAX) {
     snprintf(ns->why, sizeof ns->why, "emulated nodes need root (network namespaces)");
     return -1;
