@@ -36,7 +36,7 @@ typedef struct {
 } netns_t;
 
 /* Run a shell command (printf-style) quietly; 0 when it exited 0. */
-__attribute__((format(printf, 1, 2))) static int netns_sh(const char *fmt, ...) {
+__attribute__((format(printf, 1, 2))) static inline int netns_sh(const char *fmt, ...) {
   char cmd[768];
   va_list ap;
   va_start(ap, fmt);
@@ -47,7 +47,7 @@ __attribute__((format(printf, 1, 2))) static int netns_sh(const char *fmt, ...) 
   return system(cmd) == 0 ? 0 : -1;
 }
 
-static void netns_down(netns_t *ns) {
+static inline void netns_down(netns_t *ns) {
   for (int i = 0; i < ns->n; i++) netns_sh("ip netns del %s", ns->node[i]);
   if (ns->bridge[0]) netns_sh("ip netns del %s", ns->bridge);
   ns->n = 0;
@@ -55,7 +55,7 @@ static void netns_down(netns_t *ns) {
 }
 
 /* Namespaces of an earlier run that was killed before netns_down (hbt<pid>...): removed. */
-static void netns_sweep(void) {
+static inline void netns_sweep(void) {
   DIR *d = opendir("/var/run/netns");
   struct dirent *e;
   while (d && (e = readdir(d)) != NULL) {
@@ -66,7 +66,7 @@ static void netns_sweep(void) {
   if (d) closedir(d);
 }
 
-static int netns_up(netns_t *ns, int n) {
+static inline int netns_up(netns_t *ns, int n) {
   memset(ns, 0, sizeof *ns);
   netns_sweep();
   if (geteuid() != 0 || n > NETNS_MAX) {
@@ -99,7 +99,7 @@ static int netns_up(netns_t *ns, int n) {
 }
 
 /* Drop pct of 100 frames crossing the bridge, at random. */
-static int netns_loss(const netns_t *ns, int pct) {
+static inline int netns_loss(const netns_t *ns, int pct) {
   const char *b = ns->bridge;
   return netns_sh("ip netns exec %s nft add table bridge hbloss && ip netns exec %s nft add chain bridge "
                   "hbloss drops '{ type filter hook forward priority 0 ; }' && ip netns exec %s nft add "
@@ -108,7 +108,7 @@ static int netns_loss(const netns_t *ns, int pct) {
 }
 
 /* Frames the bridge saw and dropped since netns_loss (-1 when unreadable). */
-static int netns_counts(const netns_t *ns, long *seen_p, long *dropped_p) {
+static inline int netns_counts(const netns_t *ns, long *seen_p, long *dropped_p) {
   char cmd[160], line[256];
   snprintf(cmd, sizeof cmd, "ip netns exec %s nft list chain bridge hbloss drops 2>/dev/null", ns->bridge);
   FILE *f = popen(cmd, "r");
@@ -125,7 +125,7 @@ static int netns_counts(const netns_t *ns, long *seen_p, long *dropped_p) {
 }
 
 /* In a forked rank: move this process into node i's network. */
-static int netns_enter(const netns_t *ns, int i) {
+static inline int netns_enter(const netns_t *ns, int i) {
   char path[96];
   snprintf(path, sizeof path, "/var/run/netns/%s", ns->node[i]);
   int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -1,0 +1,37 @@
+/*
+ * net_ring.h - collectives between nodes over the bridge (net.h): the members of a ring,
+ * one endpoint per node slice, each writing only into its right neighbour's pool.
+ *
+ * Every transfer is one chunk written into one of the right neighbour's two receive slots
+ * with a note saying which transfer it is; the neighbour answers with a credit note once it
+ * has consumed the slot, and a slot is written again only after its credit came back. So
+ * two transfers are in flight per link, and nothing but the bridge's notes synchronises the
+ * members. The transfers are numbered on from one collective to the next.
+ */
+#ifndef COLL_NET_RING_H
+#define COLL_NET_RING_H
+
+#include <stddef.h>
+
+#include "coll.h"
+#include "net.h"
+
+typedef struct coll__net_ring coll__net_ring_t;
+
+/* A ring of n members (n >= 1) in which this endpoint is member `me`; left and right are
+ * the net peers (coll__net_add_peer) of members me-1 and me+1 (unused when n == 1). The
+ * ring uses the endpoint's whole pool, in chunks of (pool bytes - 4 KiB) / 4. Returns 0 and
+ * *ring_p, COLL_EBADARG (a pool under 64 KiB, me out of range) or -ENOMEM. */
+int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
+                        coll__net_ring_t **ring_p);
+void coll__net_ring_free(coll__net_ring_t *ring); /* NULL is fine */
+
+/* In place, on every member at once: buf[0..count) becomes op over the members' buffers
+ * (reduce-scatter then allgather around the ring, so each element is reduced by one member
+ * and every member gets the same bits). op: SUM, PROD, MIN, MAX (AVG is the caller's sum
+ * and division). timeout_s > 0 bounds each wait for a neighbour. Returns 0, COLL_EBADARG,
+ * -ETIMEDOUT, or the bridge's failure; err says which neighbour and what happened. */
+int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
+                             size_t count, double timeout_s, char *err, size_t errlen);
+
+#endif /* COLL_NET_RING_H */

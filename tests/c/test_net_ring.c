@@ -1,0 +1,223 @@
+/*
+ * test_net_ring.c - allreduce between emulated nodes around the bridge's ring
+ * (libcoll/src/net_ring.c): each member a process in its own network namespace
+ * (tests/c/netns.h), tcp;ofi_rxm over the veths, cards swapped through the parent.
+ *
+ *  - 2 and 3 nodes; float32, int32, float64 and bfloat16; SUM, PROD, MIN, MAX; counts 0,
+ *    1, n - 1, n*k + 1 and 3 MiB (more than one slot per segment, so chunks pipeline);
+ *    results against a reference computed from every member's input;
+ *  - every member ends with the same bits, also for sums of floats that are not exact
+ *    (each member reports a checksum of its result, the parent compares them);
+ *  - several collectives in a row on one ring (transfer numbers carry on);
+ *  - with 1% of the frames dropped, the same.
+ * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll.h"
+#include "net.h"
+#include "net_ring.h"
+
+#define HARNESS_KEY_PREFIX "hbnr"
+#define MAX_RANKS 4
+#define HARNESS_NAME_WIDTH 48
+#include "harness.h"
+#include "netns.h"
+
+#define POOL (1 << 20)
+
+typedef struct {
+  coll_dtype_t dtype;
+  coll_op_t op;
+} ring_kind_t;
+
+static const ring_kind_t kinds[] = {
+    {COLL_FLOAT32, COLL_SUM}, {COLL_INT32, COLL_SUM},     {COLL_FLOAT64, COLL_MAX},
+    {COLL_INT32, COLL_MIN},   {COLL_FLOAT32, COLL_PROD},  {COLL_BFLOAT16, COLL_SUM},
+};
+
+/* Member m's element i, as a double: small integers (exact in every dtype here, and for
+ * PROD near 1) so the reference is exact; `inexact` adds fractions that no sum keeps. */
+static double input(int m, size_t i, coll_op_t op, int inexact) {
+  if (op == COLL_PROD) return (i + (size_t)m) % 3 == 0 ? 2.0 : 1.0;
+  double v = (double)((i * 7 + (size_t)m * 13) % 61) - 30.0;
+  return inexact ? v / 3.0 + 1e-7 * (double)m : v;
+}
+
+static void store(coll_dtype_t t, void *buf, size_t i, double v) {
+  if (t == COLL_FLOAT32) ((float *)buf)[i] = (float)v;
+  else if (t == COLL_FLOAT64) ((double *)buf)[i] = v;
+  else if (t == COLL_INT32) ((int32_t *)buf)[i] = (int32_t)v;
+  else { /* bfloat16: the top half of the float, exact for these small integers */
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+  }
+}
+
+static double load(coll_dtype_t t, const void *buf, size_t i) {
+  if (t == COLL_FLOAT32) return ((const float *)buf)[i];
+  if (t == COLL_FLOAT64) return ((const double *)buf)[i];
+  if (t == COLL_INT32) return ((const int32_t *)buf)[i];
+  uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static double fold(coll_op_t op, double a, double b) {
+  return op == COLL_SUM ? a + b : op == COLL_PROD ? a * b : op == COLL_MIN ? fmin(a, b) : fmax(a, b);
+}
+
+#define NCOUNTS 5
+/* Cases of a kind: every count, twice for float32 SUM (exact inputs, then inexact ones). */
+static int kind_runs(const ring_kind_t *k) { return k->dtype == COLL_FLOAT32 && k->op == COLL_SUM ? 2 : 1; }
+
+static int total_cases(void) {
+  int total = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) total += NCOUNTS * kind_runs(&kinds[k]);
+  return total;
+}
+
+static uint64_t checksum(const uint8_t *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* One member: join the ring, run every case, report each result's checksum. */
+static int member(int me, int n, int fd, const netns_t *ns) {
+  char err[256] = "";
+  coll__net_t *net = NULL;
+  setenv("FI_PROVIDER", "tcp", 1);
+  setenv("FI_TCP_IFACE", "hbnet0", 1);
+  if (netns_enter(ns, me) != 0) return 10;
+  int rc = coll__net_open("hbnet0", POOL, &net, err, sizeof err);
+  if (rc) return fprintf(stderr, "member %d: open: %s\n", me, err), 11;
+  uint8_t card[COLL_NET_CARD_MAX], all[MAX_RANKS][COLL_NET_CARD_MAX];
+  uint32_t len = (uint32_t)coll__net_card(net, card), lens[MAX_RANKS];
+  if (write(fd, &len, 4) != 4 || write(fd, card, len) != (ssize_t)len ||
+      read(fd, lens, sizeof lens) != sizeof lens || read(fd, all, sizeof all) != sizeof all)
+    return 12;
+  int left = -1, right = -1;
+  int lm = (me + n - 1) % n, rm = (me + 1) % n;
+  if ((rc = coll__net_add_peer(net, all[lm], lens[lm], &left, err, sizeof err)) != 0) return 13;
+  if (rm == lm) right = left;
+  else if ((rc = coll__net_add_peer(net, all[rm], lens[rm], &right, err, sizeof err)) != 0) return 13;
+  coll__net_ring_t *ring = NULL;
+  if (coll__net_ring_make(net, n, me, left, right, &ring) != 0) return 14;
+  size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20};
+  int bad = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (size_t c = 0; c < NCOUNTS; c++) {
+      for (int inexact = 0; inexact < kind_runs(&kinds[k]); inexact++) {
+        coll_dtype_t t = kinds[k].dtype;
+        coll_op_t op = kinds[k].op;
+        size_t cnt = counts[c], es = coll_dtype_size(t);
+        uint8_t *buf = malloc(cnt * es + 1);
+        for (size_t i = 0; i < cnt; i++) store(t, buf, i, input(me, i, op, inexact));
+        rc = coll__net_ring_allreduce(ring, t, op, buf, cnt, 60, err, sizeof err);
+        if (rc) {
+          fprintf(stderr, "member %d: %s %s count %zu: %d %s\n", me, coll_dtype_name(t), coll_op_name(op),
+                  cnt, rc, err);
+          return 15;
+        }
+        for (size_t i = 0; !inexact && i < cnt; i++) {
+          double want = input(0, i, op, 0);
+          for (int m = 1; m < n; m++) want = fold(op, want, input(m, i, op, 0));
+          if (load(t, buf, i) != want) {
+            if (bad++ < 3)
+              fprintf(stderr, "member %d: %s %s count %zu: [%zu] = %g, want %g\n", me, coll_dtype_name(t),
+                      coll_op_name(op), cnt, i, load(t, buf, i), want);
+          }
+        }
+        uint64_t h = checksum(buf, cnt * es);
+        free(buf);
+        if (write(fd, &h, sizeof h) != sizeof h) return 16;
+      }
+    }
+  }
+  coll__net_ring_free(ring);
+  char done;
+  if (read(fd, &done, 1) != 1) return 17; /* every member finished before any endpoint closes */
+  coll__net_close(net);
+  return bad ? 18 : 0;
+}
+
+static void run_ring(const char *name, int n, int loss_pct) {
+  netns_t ns;
+  if (netns_up(&ns, n) != 0) {
+    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, name, ns.why);
+    return;
+  }
+  if (loss_pct && netns_loss(&ns, loss_pct) != 0) {
+    record(0, name, n, 0, "nft could not add the loss rule");
+    netns_down(&ns);
+    return;
+  }
+  double t0 = now_s();
+  int sv[MAX_RANKS][2];
+  pid_t pids[MAX_RANKS];
+  for (int m = 0; m < n; m++) {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
+    pids[m] = fork();
+    if (pids[m] == 0) {
+      alarm(300);
+      for (int o = 0; o <= m; o++) close(sv[o][0]);
+      _exit(member(m, n, sv[m][1], &ns));
+    }
+    close(sv[m][1]);
+  }
+  uint32_t lens[MAX_RANKS] = {0};
+  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
+  int ok = 1;
+  for (int m = 0; m < n; m++)
+    ok &= read(sv[m][0], &lens[m], 4) == 4 && lens[m] <= COLL_NET_CARD_MAX &&
+          read(sv[m][0], cards[m], lens[m]) == (ssize_t)lens[m];
+  for (int m = 0; ok && m < n; m++)
+    ok &= write(sv[m][0], lens, sizeof lens) == sizeof lens && write(sv[m][0], cards, sizeof cards) == sizeof cards;
+  char why[160] = "";
+  for (int c = 0; ok && c < total_cases(); c++) { /* one checksum per case from every member */
+    uint64_t h[MAX_RANKS];
+    for (int m = 0; ok && m < n; m++)
+      if (read(sv[m][0], &h[m], 8) != 8) {
+        snprintf(why, sizeof why, "member %d stopped before case %d", m, c);
+        ok = 0;
+      } else if (h[m] != h[0]) {
+        snprintf(why, sizeof why, "members 0 and %d disagree on the bits of case %d", m, c);
+        ok = 0;
+      }
+  }
+  char done = 'd'; /* every member finished: they may close their endpoints */
+  for (int m = 0; m < n; m++) (void)!write(sv[m][0], &done, 1);
+  for (int m = 0; m < n; m++) {
+    int st = 0;
+    waitpid(pids[m], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      ok = 0;
+      if (!why[0]) snprintf(why, sizeof why, "member %d exited with status %d", m, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    close(sv[m][0]);
+  }
+  record(ok, name, n, now_s() - t0, ok ? NULL : why);
+  netns_down(&ns);
+}
+
+int main(int argc, char **argv) {
+  const char *only = argc > 1 ? argv[1] : NULL;
+  if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count", 2, 0);
+  if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count", 3, 0);
+  if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
+  return harness_finish();
+}
