@@ -85,6 +85,11 @@ bench-c: build/coll_bench
 bench-many: build build/coll_bench
 	$(PYTHON) bench/many_ranks.py $(ARGS)
 
+# The bridge's allreduce between network namespaces (bench/net_bridge.py makes them).
+build/net_bench: bench/c/net_bench.c $(LIB_A)
+	@mkdir -p build
+	gcc -std=c11 -O3 -g -D_GNU_SOURCE $(LIB_INC) $< $(LIB_A) -o $@ $(LIB_LIBS)
+
 build/xcore_bench: bench/c/xcore_bench.c
 	gcc -std=c11 -O3 -g $< -o $@
 

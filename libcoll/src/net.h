@@ -59,9 +59,10 @@ int coll__net_add_peer(coll__net_t *net, const uint8_t *card, size_t len, int *p
 /* Write len bytes at my pool's offset `from` into peer's pool at offset `to`, with `note`:
  * the peer's coll__net_poll returns the note once the bytes are there. Returns 0 once the
  * write is posted (retrying while the provider says again), or a failure with a sentence.
- * My bytes [from, from+len) must stay unchanged until coll__net_flush. */
+ * My bytes [from, from+len) must stay unchanged until the write completed: coll__net_flush,
+ * or *sent_p (if not NULL) grown by one, which the polls do when it completes. */
 int coll__net_write(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
-                    char *err, size_t errlen);
+                    uint64_t *sent_p, char *err, size_t errlen);
 /* Until every write I posted completed (my pool may be reused). */
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
 /* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a

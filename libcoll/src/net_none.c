@@ -28,8 +28,8 @@ int coll__net_add_peer(coll__net_t *net, const uint8_t *card, size_t len, int *p
   return COLL_ENOTSUP;
 }
 int coll__net_write(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
-                    char *err, size_t errlen) {
-  (void)net, (void)peer, (void)from, (void)to, (void)len, (void)note, (void)err, (void)errlen;
+                    uint64_t *sent_p, char *err, size_t errlen) {
+  (void)net, (void)peer, (void)from, (void)to, (void)len, (void)note, (void)sent_p, (void)err, (void)errlen;
   return COLL_ENOTSUP;
 }
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen) {

@@ -290,7 +290,10 @@ static int net_read_one(coll__net_t *n, uint32_t *note_p, char *err, size_t errl
     *note_p = (uint32_t)e.data;
     return 1;
   }
-  if (e.flags & FI_WRITE) n->completed++;
+  if (e.flags & FI_WRITE) {
+    n->completed++;
+    if (e.op_context) ++*(uint64_t *)e.op_context;
+  }
   return 0;
 }
 
@@ -307,13 +310,13 @@ static int net_queue(coll__net_t *n, uint32_t note) {
 }
 
 int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
-                    char *err, size_t errlen) {
+                    uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
     return COLL_EBADARG;
   const net_peer_t *p = &n->peers[peer];
   for (;;) {
     ssize_t rc = fi_writedata(n->ep, n->pool + from, len, n->desc, note, p->addr, p->base + to,
-                              p->key, NULL);
+                              p->key, sent_p);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
     uint32_t got; /* the provider wants progress (rxm connects on demand) */

@@ -36,6 +36,7 @@ struct coll__net_ring {
   uint32_t next;      /* the next transfer's number */
   uint32_t data_seen[RING_SEEN], credit_seen[RING_SEEN];
   int have_data[RING_SEEN], have_credit[RING_SEEN];
+  uint64_t staged[2], sent[2]; /* writes from each send slot: posted, completed */
 };
 
 static size_t ring_send_off(const coll__net_ring_t *r, uint32_t t) { return (t & 1) * r->chunk; }
@@ -62,6 +63,12 @@ static double ring_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static void ring_keep(coll__net_ring_t *r, uint32_t note) {
+  uint32_t k = note & RING_CREDIT, num = note & ~RING_CREDIT;
+  (k ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
+  (k ? r->have_credit : r->have_data)[num % RING_SEEN] = 1;
+}
+
 /* Until the note (kind, t) came: every note that arrives meanwhile is kept by number. */
 static int ring_wait(coll__net_ring_t *r, uint32_t kind, uint32_t t, double timeout_s, char *err,
                      size_t errlen) {
@@ -74,9 +81,7 @@ static int ring_wait(coll__net_ring_t *r, uint32_t kind, uint32_t t, double time
     int rc = coll__net_poll(r->net, &note, err, errlen);
     if (rc < 0) return rc;
     if (rc == 1) {
-      uint32_t k = note & RING_CREDIT, num = note & ~RING_CREDIT;
-      (k ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
-      (k ? r->have_credit : r->have_data)[num % RING_SEEN] = 1;
+      ring_keep(r, note);
       continue;
     }
     if (until && (spins & 1023) == 0 && ring_now() > until) {
@@ -87,62 +92,89 @@ static int ring_wait(coll__net_ring_t *r, uint32_t kind, uint32_t t, double time
   }
 }
 
-/* One transfer: send [src, src+len) right, receive into [dst, dst+len) from the left,
- * folding with op when reduce is set (dst = in op dst), copying otherwise. */
-static int ring_transfer(coll__net_ring_t *r, const uint8_t *src, size_t send_len, uint8_t *dst,
-                         size_t recv_len, int reduce, coll_dtype_t dtype, coll_op_t op,
-                         double timeout_s, char *err, size_t errlen) {
-  uint32_t t = r->next++ & ~RING_CREDIT;
+/* Transfer t's two halves: what I send right and what I take from the left. */
+typedef struct {
+  const uint8_t *src;
+  uint8_t *dst;
+  size_t send_len, recv_len;
+  int reduce;
+} ring_step_t;
+
+/* Post transfer t: once the right neighbour gave the credit of t - 2 and my write of t - 2
+ * left send slot t % 2, stage the chunk there and write it into its receive slot t % 2. */
+static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, double timeout_s,
+                     char *err, size_t errlen) {
   uint8_t *pool = coll__net_pool(r->net);
   int rc;
   if (t >= 2 && (rc = ring_wait(r, RING_CREDIT, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
     return rc;
-  if ((rc = coll__net_flush(r->net, err, errlen)) != 0) return rc; /* my send slot t % 2 is free */
-  if (send_len) memcpy(pool + ring_send_off(r, t), src, send_len);
+  while (r->sent[t & 1] < r->staged[t & 1]) {
+    uint32_t note;
+    if ((rc = coll__net_poll(r->net, &note, err, errlen)) < 0) return rc;
+    if (rc == 1) ring_keep(r, note);
+  }
+  if (st->send_len) memcpy(pool + ring_send_off(r, t), st->src, st->send_len);
+  r->staged[t & 1]++;
   /* at least one byte: an empty chunk still carries its note */
-  size_t wlen = send_len ? send_len : 1;
-  if ((rc = coll__net_write(r->net, r->right, ring_send_off(r, t), ring_recv_off(r, t), wlen, t, err,
-                            errlen)) != 0)
-    return rc;
-  if ((rc = ring_wait(r, 0, t, timeout_s, err, errlen)) != 0) return rc;
-  const uint8_t *in = pool + ring_recv_off(r, t);
-  size_t es = coll_dtype_size(dtype);
-  if (reduce && recv_len) {
-    const void *inputs[2] = {in, dst};
-    rc = coll_reduce_local(dtype, op, dst, inputs, 2, recv_len / es, 1);
-    if (rc) return rc;
-  } else if (recv_len) {
-    memcpy(dst, in, recv_len);
+  return coll__net_write(r->net, r->right, ring_send_off(r, t), ring_recv_off(r, t),
+                         st->send_len ? st->send_len : 1, t, &r->sent[t & 1], err, errlen);
+}
+
+/* Take transfer t: wait for the left neighbour's note t, fold (dst = in op dst) or copy its
+ * chunk out of receive slot t % 2, and give it the credit of t. */
+static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, coll_dtype_t dtype,
+                     coll_op_t op, double timeout_s, char *err, size_t errlen) {
+  int rc = ring_wait(r, 0, t, timeout_s, err, errlen);
+  if (rc) return rc;
+  const uint8_t *in = coll__net_pool(r->net) + ring_recv_off(r, t);
+  if (st->reduce && st->recv_len) {
+    const void *inputs[2] = {in, st->dst};
+    if ((rc = coll_reduce_local(dtype, op, st->dst, inputs, 2, st->recv_len / coll_dtype_size(dtype), 1)) != 0)
+      return rc;
+  } else if (st->recv_len) {
+    memcpy(st->dst, in, st->recv_len);
   }
   return coll__net_write(r->net, r->left, ring_scratch_off(r), ring_scratch_off(r), 1, t | RING_CREDIT,
-                         err, errlen);
+                         NULL, err, errlen);
+}
+
+/* The i-th transfer of an allreduce of count elements of es bytes over n members: step s of
+ * phase p (0: reduce-scatter, 1: allgather), chunk k of the segments it moves. */
+static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count, size_t es, size_t K,
+                             size_t i) {
+  size_t n = (size_t)r->n, base = count / n, extra = count % n, ce = r->chunk / es;
+  size_t k = i % K, s = (i / K) % (n - 1), phase = i / (K * (n - 1));
+  size_t out = ((size_t)r->me + n - s + phase) % n, in = ((size_t)r->me + 2 * n - s - 1 + phase) % n;
+  size_t out_len = base + (out < extra), in_len = base + (in < extra);
+  size_t out_at = out * base + (out < extra ? out : extra), in_at = in * base + (in < extra ? in : extra);
+  size_t o = k * ce < out_len ? (out_len - k * ce < ce ? out_len - k * ce : ce) : 0;
+  size_t g = k * ce < in_len ? (in_len - k * ce < ce ? in_len - k * ce : ce) : 0;
+  ring_step_t st = {b + (out_at + k * ce) * es, b + (in_at + k * ce) * es, o * es, g * es, phase == 0};
+  return st;
 }
 
 int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf,
                              size_t count, double timeout_s, char *err, size_t errlen) {
   size_t es = coll_dtype_size(dtype);
   if (es == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
-  int n = r->n;
-  if (n == 1 || count == 0) return 0;
-  size_t base = count / (size_t)n, extra = count % (size_t)n, ce = r->chunk / es;
-  size_t longest = base + (extra ? 1 : 0), K = longest ? (longest + ce - 1) / ce : 1;
-  uint8_t *b = buf;
-#define SEG_START(j) ((size_t)(j) * base + ((size_t)(j) < extra ? (size_t)(j) : extra))
-#define SEG_LEN(j) (base + ((size_t)(j) < extra ? 1 : 0))
-  for (int phase = 0; phase < 2; phase++) { /* 0: reduce-scatter, 1: allgather */
-    for (int s = 0; s < n - 1; s++) {
-      int out = ((r->me - s + phase) % n + n) % n, in = ((r->me - s - 1 + phase) % n + n) % n;
-      for (size_t k = 0; k < K; k++) {
-        size_t o0 = k * ce, i0 = k * ce;
-        size_t on = o0 < SEG_LEN(out) ? (SEG_LEN(out) - o0 < ce ? SEG_LEN(out) - o0 : ce) : 0;
-        size_t inn = i0 < SEG_LEN(in) ? (SEG_LEN(in) - i0 < ce ? SEG_LEN(in) - i0 : ce) : 0;
-        int rc = ring_transfer(r, b + (SEG_START(out) + o0) * es, on * es, b + (SEG_START(in) + i0) * es,
-                               inn * es, phase == 0, dtype, op, timeout_s, err, errlen);
-        if (rc) return rc;
-      }
-    }
+  if (r->n == 1 || count == 0) return 0;
+  size_t n = (size_t)r->n, ce = r->chunk / es, longest = count / n + (count % n != 0);
+  size_t K = (longest + ce - 1) / ce, T = 2 * (n - 1) * K;
+  /* With two chunks or more per step, transfer i + 1 never sends what transfer i brings
+   * (that goes out K transfers later), so it is posted first and the link stays busy while
+   * the chunk that came in is folded. */
+  int ahead = K >= 2;
+  uint32_t t0 = r->next;
+  r->next = (uint32_t)(t0 + T) & ~RING_CREDIT;
+  ring_step_t st = ring_plan(r, buf, count, es, K, 0);
+  int rc = ring_post(r, t0 & ~RING_CREDIT, &st, timeout_s, err, errlen);
+  for (size_t i = 0; rc == 0 && i < T; i++) {
+    uint32_t t = (uint32_t)(t0 + i) & ~RING_CREDIT, u = (t + 1) & ~RING_CREDIT;
+    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, i + 1) : st;
+    if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
+    if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
+    if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
+    st = next;
   }
-#undef SEG_START
-#undef SEG_LEN
-  return coll__net_flush(r->net, err, errlen);
+  return rc ? rc : coll__net_flush(r->net, err, errlen);
 }

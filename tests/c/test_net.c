@@ -90,7 +90,7 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
     for (int turn = 0; turn < 2; turn++) {
       if (turn == rank) {
         for (size_t i = 0; i < sz; i++) pool[mine + i] = pattern(rank, i);
-        if ((rc = coll__net_write(n, peer, mine, into, sz, (uint32_t)(0xA0000000u | s), err,
+        if ((rc = coll__net_write(n, peer, mine, into, sz, (uint32_t)(0xA0000000u | s), NULL, err,
                                   sizeof err)) != 0 ||
             (rc = coll__net_flush(n, err, sizeof err)) != 0)
           return fail(rank, "write", rc, err);
@@ -109,7 +109,7 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
   int got = 0;
   for (uint32_t k = 0; k < SMALL_WRITES; k++) {
     pool[k % 64] = (uint8_t)k;
-    if ((rc = coll__net_write(n, peer, k % 64, 3 * (size_t)BIG + k, 1, k, err, sizeof err)) != 0)
+    if ((rc = coll__net_write(n, peer, k % 64, 3 * (size_t)BIG + k, 1, k, NULL, err, sizeof err)) != 0)
       return fail(rank, "small write", rc, err);
     if (k % 64 == 63 && (rc = coll__net_flush(n, err, sizeof err)) != 0)
       return fail(rank, "flush", rc, err);
