@@ -43,6 +43,10 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
                    size_t errlen);
 void coll__net_close(coll__net_t *net); /* NULL is fine */
 
+/* Bound a write's retries and a flush to timeout_s (<= 0: no bound, the default). A peer
+ * whose process went away is retried for ever by rxm: without a bound such a write hangs. */
+void coll__net_set_timeout(coll__net_t *net, double timeout_s);
+
 /* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0". */
 const char *coll__net_describe(const coll__net_t *net);
 /* This rank's pool (the bytes peers write; also the source of its own writes). */

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "coll.h"
 
@@ -68,8 +69,22 @@ struct coll__net {
   uint64_t posted, completed; /* my writes */
   uint32_t *queued;           /* notes that arrived during a flush */
   size_t nqueued, qcap, qhead;
+  double timeout_s; /* bounds a write's retries and a flush; 0: none */
   char line[192];
 };
+
+static double net_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1 once `until` (0: never) has passed, checked every 1024th call of a loop. */
+static int net_late(double until, unsigned spins) {
+  return until > 0 && (spins & 1023) == 0 && net_now() > until;
+}
+
+void coll__net_set_timeout(coll__net_t *n, double timeout_s) { n->timeout_s = timeout_s > 0 ? timeout_s : 0; }
 
 static struct {
   int tried;
@@ -314,11 +329,16 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
     return COLL_EBADARG;
   const net_peer_t *p = &n->peers[peer];
-  for (;;) {
+  double until = n->timeout_s ? net_now() + n->timeout_s : 0;
+  for (unsigned spins = 1;; spins++) {
     ssize_t rc = fi_writedata(n->ep, n->pool + from, len, n->desc, note, p->addr, p->base + to,
                               p->key, sent_p);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
+    if (net_late(until, spins)) { /* rxm retries a peer that went away for ever */
+      snprintf(err, errlen, "a write to another node's rank found no way through in %.0f s", n->timeout_s);
+      return -ETIMEDOUT;
+    }
     uint32_t got; /* the provider wants progress (rxm connects on demand) */
     int r = net_read_one(n, &got, err, errlen);
     if (r < 0) return r;
@@ -329,7 +349,12 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
 }
 
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
-  while (n->completed < n->posted) {
+  double until = n->timeout_s ? net_now() + n->timeout_s : 0;
+  for (unsigned spins = 1; n->completed < n->posted; spins++) {
+    if (net_late(until, spins)) {
+      snprintf(err, errlen, "writes to another node's rank did not complete in %.0f s", n->timeout_s);
+      return -ETIMEDOUT;
+    }
     uint32_t got;
     int r = net_read_one(n, &got, err, errlen);
     if (r < 0) return r;

@@ -108,10 +108,15 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
   int rc;
   if (t >= 2 && (rc = ring_wait(r, RING_CREDIT, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
     return rc;
-  while (r->sent[t & 1] < r->staged[t & 1]) {
+  double until = timeout_s > 0 ? ring_now() + timeout_s : 0;
+  for (unsigned spins = 0; r->sent[t & 1] < r->staged[t & 1]; spins++) {
     uint32_t note;
     if ((rc = coll__net_poll(r->net, &note, err, errlen)) < 0) return rc;
     if (rc == 1) ring_keep(r, note);
+    if (until && (spins & 1023) == 0 && ring_now() > until) {
+      snprintf(err, errlen, "my write to the next node's rank did not complete in %.0f s", timeout_s);
+      return -ETIMEDOUT;
+    }
   }
   if (st->send_len) memcpy(pool + ring_send_off(r, t), st->src, st->send_len);
   r->staged[t & 1]++;
@@ -164,6 +169,7 @@ int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t 
    * (that goes out K transfers later), so it is posted first and the link stays busy while
    * the chunk that came in is folded. */
   int ahead = K >= 2;
+  coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
   r->next = (uint32_t)(t0 + T) & ~RING_CREDIT;
   ring_step_t st = ring_plan(r, buf, count, es, K, 0);

@@ -97,7 +97,9 @@ static uint64_t checksum(const uint8_t *p, size_t n) {
 }
 
 /* One member: join the ring, run every case, report each result's checksum. */
-static int member(int me, int n, int fd, const netns_t *ns) {
+/* Enter node `me`, open an endpoint, swap cards through the parent, make the ring: 0, or
+ * the member's exit code. */
+static int join(int me, int n, int fd, const netns_t *ns, coll__net_t **net_p, coll__net_ring_t **ring_p) {
   char err[256] = "";
   coll__net_t *net = NULL;
   setenv("FI_PROVIDER", "tcp", 1);
@@ -115,8 +117,17 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   if ((rc = coll__net_add_peer(net, all[lm], lens[lm], &left, err, sizeof err)) != 0) return 13;
   if (rm == lm) right = left;
   else if ((rc = coll__net_add_peer(net, all[rm], lens[rm], &right, err, sizeof err)) != 0) return 13;
+  if (coll__net_ring_make(net, n, me, left, right, ring_p) != 0) return 14;
+  *net_p = net;
+  return 0;
+}
+
+static int member(int me, int n, int fd, const netns_t *ns) {
+  char err[256] = "";
+  coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  if (coll__net_ring_make(net, n, me, left, right, &ring) != 0) return 14;
+  int rc = join(me, n, fd, ns, &net, &ring);
+  if (rc) return rc;
   size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20};
   int bad = 0;
   for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
@@ -153,6 +164,55 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   if (read(fd, &done, 1) != 1) return 17; /* every member finished before any endpoint closes */
   coll__net_close(net);
   return bad ? 18 : 0;
+}
+
+/* Member 1 dies once the ring is made; member 0's allreduce must end with an error within
+ * its timeout (5 s), not hang. */
+static int member_dies(int me, int n, int fd, const netns_t *ns) {
+  char err[256] = "";
+  coll__net_t *net = NULL;
+  coll__net_ring_t *ring = NULL;
+  int rc = join(me, n, fd, ns, &net, &ring);
+  if (rc || me == 1) _exit(rc); /* the endpoint goes with the process, unannounced */
+  usleep(200000);
+  static float buf[1 << 20];
+  double t0 = now_s();
+  rc = coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, 1 << 20, 5, err, sizeof err);
+  double dt = now_s() - t0;
+  if (getenv("HBMCOLL_TEST_VERBOSE")) fprintf(stderr, "member 0: %d after %.1f s: %s\n", rc, dt, err);
+  return rc != 0 && err[0] && dt < 10 ? 0 : 19;
+}
+
+static void run_dead(const char *name) {
+  netns_t ns;
+  if (netns_up(&ns, 2) != 0) {
+    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, name, ns.why);
+    return;
+  }
+  double t0 = now_s();
+  int sv[2][2];
+  pid_t pids[2];
+  for (int m = 0; m < 2; m++) {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
+    if ((pids[m] = fork()) == 0) {
+      alarm(60);
+      for (int o = 0; o <= m; o++) close(sv[o][0]);
+      _exit(member_dies(m, 2, sv[m][1], &ns));
+    }
+    close(sv[m][1]);
+  }
+  uint32_t lens[MAX_RANKS] = {0};
+  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
+  for (int m = 0; m < 2; m++)
+    if (read(sv[m][0], &lens[m], 4) != 4 || read(sv[m][0], cards[m], lens[m]) != (ssize_t)lens[m]) lens[m] = 0;
+  for (int m = 0; m < 2; m++) (void)!(write(sv[m][0], lens, sizeof lens) + write(sv[m][0], cards, sizeof cards));
+  int st0 = 0, st1 = 0;
+  waitpid(pids[0], &st0, 0);
+  waitpid(pids[1], &st1, 0);
+  close(sv[0][0]), close(sv[1][0]);
+  int ok = WIFEXITED(st0) && WEXITSTATUS(st0) == 0;
+  record(ok, name, 2, now_s() - t0, ok ? NULL : "the survivor hung or saw no error");
+  netns_down(&ns);
 }
 
 static void run_ring(const char *name, int n, int loss_pct) {
@@ -219,5 +279,6 @@ int main(int argc, char **argv) {
   if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count", 2, 0);
   if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count", 3, 0);
   if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
+  if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang");
   return harness_finish();
 }
