@@ -47,6 +47,11 @@ void coll__net_close(coll__net_t *net); /* NULL is fine */
  * whose process went away is retried for ever by rxm: without a bound such a write hangs. */
 void coll__net_set_timeout(coll__net_t *net, double timeout_s);
 
+/* Watch fd (a socket to the job's other nodes, -1: none): once it reaches end of file or
+ * fails, writes, flushes and polls return COLL_EPEERLOST with a sentence naming `what`, so a
+ * node that goes away ends every wait without a time limit. The caller owns fd. */
+void coll__net_watch(coll__net_t *net, int fd, const char *what);
+
 /* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0". */
 const char *coll__net_describe(const coll__net_t *net);
 /* This rank's pool (the bytes peers write; also the source of its own writes). */

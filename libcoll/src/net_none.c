@@ -19,6 +19,7 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
 /* Nothing below is reached without an endpoint; they exist for the linker. */
 void coll__net_close(coll__net_t *net) { (void)net; }
 void coll__net_set_timeout(coll__net_t *net, double timeout_s) { (void)net, (void)timeout_s; }
+void coll__net_watch(coll__net_t *net, int fd, const char *what) { (void)net, (void)fd, (void)what; }
 const char *coll__net_describe(const coll__net_t *net) { return (void)net, "no bridge"; }
 uint8_t *coll__net_pool(coll__net_t *net) { return (void)net, NULL; }
 size_t coll__net_pool_bytes(const coll__net_t *net) { return (void)net, 0; }

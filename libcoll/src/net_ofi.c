@@ -31,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "coll.h"
@@ -70,6 +72,9 @@ struct coll__net {
   uint32_t *queued;           /* notes that arrived during a flush */
   size_t nqueued, qcap, qhead;
   double timeout_s; /* bounds a write's retries and a flush; 0: none */
+  int watch_fd;     /* a connection that closes when a node goes away; -1: none */
+  unsigned idle;    /* empty polls since the watch was last looked at */
+  char watch_what[64];
   char line[192];
 };
 
@@ -85,6 +90,26 @@ static int net_late(double until, unsigned spins) {
 }
 
 void coll__net_set_timeout(coll__net_t *n, double timeout_s) { n->timeout_s = timeout_s > 0 ? timeout_s : 0; }
+
+void coll__net_watch(coll__net_t *n, int fd, const char *what) {
+  n->watch_fd = fd;
+  snprintf(n->watch_what, sizeof n->watch_what, "%s", what ? what : "another node");
+}
+
+/* COLL_EPEERLOST once the watched connection has closed (end of file or an error: its
+ * other end's process or node is gone); data waiting on it is its owner's, not a loss. */
+static int net_watch_check(coll__net_t *n, char *err, size_t errlen) {
+  if (n->watch_fd < 0 || ++n->idle % 1024) return 0;
+  struct pollfd p = {.fd = n->watch_fd, .events = POLLIN};
+  if (poll(&p, 1, 0) <= 0) return 0;
+  if (!(p.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+    char c;
+    ssize_t got = recv(n->watch_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR))) return 0;
+  }
+  snprintf(err, errlen, "the connection to %s closed: a node of the job went away", n->watch_what);
+  return COLL_EPEERLOST;
+}
 
 static struct {
   int tried;
@@ -187,6 +212,7 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
   struct fi_info *hints = net_fi.dupinfo(NULL), *list = NULL;
   coll__net_t *n = calloc(1, sizeof *n);
   rc = hints && n ? 0 : -ENOMEM;
+  if (n) n->watch_fd = -1;
   if (rc == 0) {
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_MSG | FI_RMA;
@@ -335,6 +361,8 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
                               p->key, sent_p);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
+    int lost = net_watch_check(n, err, errlen);
+    if (lost) return lost;
     if (net_late(until, spins)) { /* rxm retries a peer that went away for ever */
       snprintf(err, errlen, "a write to another node's rank found no way through in %.0f s", n->timeout_s);
       return -ETIMEDOUT;
@@ -355,6 +383,8 @@ int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
       snprintf(err, errlen, "writes to another node's rank did not complete in %.0f s", n->timeout_s);
       return -ETIMEDOUT;
     }
+    int lost = net_watch_check(n, err, errlen);
+    if (lost) return lost;
     uint32_t got;
     int r = net_read_one(n, &got, err, errlen);
     if (r < 0) return r;
@@ -368,6 +398,7 @@ int coll__net_poll(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
     *note_p = n->queued[n->qhead++];
     return 1;
   }
-  return net_read_one(n, note_p, err, errlen);
+  int rc = net_read_one(n, note_p, err, errlen);
+  return rc == 0 ? net_watch_check(n, err, errlen) : rc;
 }
 #endif /* COLL_NET_OFI */

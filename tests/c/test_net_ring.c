@@ -166,9 +166,10 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   return bad ? 18 : 0;
 }
 
-/* Member 1 dies once the ring is made; member 0's allreduce must end with an error within
- * its timeout (5 s), not hang. */
-static int member_dies(int me, int n, int fd, const netns_t *ns) {
+/* Member 1 dies once the ring is made; member 0's allreduce must end with an error, not
+ * hang: within its 5 s timeout, or, watching a connection to member 1 (watch_fd >= 0) and
+ * with no time limit, as soon as that connection closes, as COLL_EPEERLOST. */
+static int member_dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
@@ -176,31 +177,37 @@ static int member_dies(int me, int n, int fd, const netns_t *ns) {
   if (rc || me == 1) _exit(rc); /* the endpoint goes with the process, unannounced */
   usleep(200000);
   static float buf[1 << 20];
+  if (watch_fd >= 0) coll__net_watch(net, watch_fd, "node 1");
   double t0 = now_s();
-  rc = coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, 1 << 20, 5, err, sizeof err);
+  rc = coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, 1 << 20, watch_fd >= 0 ? 0 : 5, err,
+                                sizeof err);
   double dt = now_s() - t0;
   if (getenv("HBMCOLL_TEST_VERBOSE")) fprintf(stderr, "member 0: %d after %.1f s: %s\n", rc, dt, err);
+  if (watch_fd >= 0) return rc == COLL_EPEERLOST && strstr(err, "node 1") && dt < 5 ? 0 : 19;
   return rc != 0 && err[0] && dt < 10 ? 0 : 19;
 }
 
-static void run_dead(const char *name) {
+static void run_dead(const char *name, int watched) {
   netns_t ns;
   if (netns_up(&ns, 2) != 0) {
     printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, name, ns.why);
     return;
   }
   double t0 = now_s();
-  int sv[2][2];
+  int sv[2][2], link[2]; /* link: member 0's end closes when member 1 is gone */
   pid_t pids[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, link) != 0) abort();
   for (int m = 0; m < 2; m++) {
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
     if ((pids[m] = fork()) == 0) {
       alarm(60);
       for (int o = 0; o <= m; o++) close(sv[o][0]);
-      _exit(member_dies(m, 2, sv[m][1], &ns));
+      close(link[1 - m]);
+      _exit(member_dies(m, 2, sv[m][1], &ns, watched && m == 0 ? link[0] : -1));
     }
     close(sv[m][1]);
   }
+  close(link[0]), close(link[1]);
   uint32_t lens[MAX_RANKS] = {0};
   uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
   for (int m = 0; m < 2; m++)
@@ -279,6 +286,7 @@ int main(int argc, char **argv) {
   if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count", 2, 0);
   if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count", 3, 0);
   if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
-  if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang");
+  if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang", 0);
+  if (CASE("ring: a member dies")) run_dead("ring: a member dies, watched: peer lost at once", 1);
   return harness_finish();
 }
