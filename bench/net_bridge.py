@@ -15,35 +15,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NODES = 2
-
-
-def sh(cmd, check=True):
-    return subprocess.run(cmd, shell=True, check=check, capture_output=True, text=True)
-
-
-class Nodes:
-    """The namespaces: hbb<pid>n<i> per node, hbb<pid>br for the bridge."""
-
-    def __init__(self, n, rate=None):
-        tag = "hbb%d" % os.getpid()
-        self.bridge, self.names = tag + "br", ["%sn%d" % (tag, i) for i in range(n)]
-        b = self.bridge
-        sh(f"ip netns add {b} && ip -n {b} link add hbbr0 type bridge && ip -n {b} link set hbbr0 up")
-        for i, m in enumerate(self.names):
-            sh(f"ip netns add {m} && ip link add hbnet0 netns {m} type veth peer name hbp{i} netns {b} && "
-               f"ip -n {b} link set hbp{i} master hbbr0 up && ip -n {m} addr add 10.77.0.{i + 1}/24 dev hbnet0 && "
-               f"ip -n {m} link set hbnet0 up && ip -n {m} link set lo up")
-            if rate:
-                sh(f"ip netns exec {m} tc qdisc add dev hbnet0 root tbf rate {rate} burst 256kb latency 50ms")
-
-    def close(self):
-        for m in self.names + [self.bridge]:
-            sh(f"ip netns del {m}", check=False)
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+from netnodes import NetNodes  # noqa: E402  (the namespaces the tests use too)
 
 
 def run_bridge(nodes, sizes, seconds):
@@ -100,7 +77,7 @@ def main():
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["make", "-s", "-C", ROOT, "build/net_bench"], check=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    nodes = Nodes(NODES, a.rate)
+    nodes = NetNodes(NODES, a.rate).__enter__()
     best = {"hbmcoll": {}, "gloo": {}}
     try:
         for rnd in range(a.rounds):

@@ -503,9 +503,12 @@ static int hb_exec(PyObject *m) {
   st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
-  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType) return -1;
+  st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
+  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType)
+    return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
-      PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0)
+      PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
+      PyModule_AddType(m, st->BridgeType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -524,6 +527,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->RequestType);
   Py_VISIT(st->ArenaBufferType);
   Py_VISIT(st->PlacementType);
+  Py_VISIT(st->BridgeType);
   return 0;
 }
 
@@ -534,6 +538,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->RequestType);
   Py_CLEAR(st->ArenaBufferType);
   Py_CLEAR(st->PlacementType);
+  Py_CLEAR(st->BridgeType);
   return 0;
 }
 

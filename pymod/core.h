@@ -11,7 +11,7 @@
 
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
-  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType;
+  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType, *BridgeType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -77,5 +77,8 @@ int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks
 void *hb_placement_ctx(PyObject *placement);
 PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *hb_policy_words(PyObject *module, PyObject *unused);
+
+/* bridge.c */
+extern PyType_Spec hb_bridge_spec;
 
 #endif

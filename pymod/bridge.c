@@ -1,0 +1,171 @@
+/*
+ * bridge.c - hbmcoll._core.Bridge: this rank's endpoint of the bridge between nodes
+ * (libcoll/src/net.h) and the ring it joins (net_ring.h), for the node layer in Python
+ * (hbmcoll/nodes.py), which swaps the cards and keeps the connections that are watched.
+ *
+ *   b = Bridge(iface=None, pool_bytes=4 << 20)   # opens the endpoint (loads libfabric)
+ *   b.describe() -> str; b.card() -> bytes; b.add_peer(card) -> int
+ *   b.watch(fd, what); b.ring(n, me, left, right); b.allreduce(buf, op, timeout=0)
+ *   b.close()
+ *
+ * One thread at a time (the caller's lock); every call that can block runs without the
+ * GIL, on the C fields only.
+ */
+#include "core.h"
+
+#include <errno.h>
+
+#include "net.h"
+#include "net_ring.h"
+
+typedef struct {
+  PyObject_HEAD
+  coll__net_t *net;
+  coll__net_ring_t *ring;
+  int busy;
+} hb_bridge_t;
+
+static hb_state_t *bridge_state(PyObject *self) { return PyType_GetModuleState(Py_TYPE(self)); }
+
+static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *names[] = {"iface", "pool_bytes", NULL};
+  const char *iface = NULL;
+  Py_ssize_t pool = 4 << 20;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zn", names, &iface, &pool)) return NULL;
+  if (pool < 65536) return hb_bad_arg("pool_bytes=%zd: give at least 65536", pool);
+  char err[320] = "";
+  coll__net_t *net = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll__net_open(iface, (size_t)pool, &net, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  if (rc) return hb_raise(PyType_GetModuleState(type), rc, err);
+  hb_bridge_t *self = (hb_bridge_t *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    coll__net_close(net);
+    return NULL;
+  }
+  self->net = net;
+  return (PyObject *)self;
+}
+
+static void bridge_free_parts(hb_bridge_t *self) {
+  coll__net_ring_free(self->ring);
+  coll__net_close(self->net);
+  self->ring = NULL, self->net = NULL;
+}
+
+static void bridge_dealloc(hb_bridge_t *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  bridge_free_parts(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+/* NULL with an error unless the endpoint is open and no other call is running. */
+static int bridge_usable(hb_bridge_t *self) {
+  if (self->net == NULL) {
+    hb_raise(bridge_state((PyObject *)self), COLL_EABORTED, "the bridge is closed");
+    return 0;
+  }
+  if (self->busy) {
+    hb_bad_arg("the bridge is in use by another thread");
+    return 0;
+  }
+  return 1;
+}
+
+static PyObject *bridge_describe(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (!bridge_usable(self)) return NULL;
+  return PyUnicode_FromString(coll__net_describe(self->net));
+}
+
+static PyObject *bridge_card(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (!bridge_usable(self)) return NULL;
+  uint8_t card[COLL_NET_CARD_MAX];
+  size_t len = coll__net_card(self->net, card);
+  return PyBytes_FromStringAndSize((const char *)card, (Py_ssize_t)len);
+}
+
+static PyObject *bridge_add_peer(hb_bridge_t *self, PyObject *arg) {
+  if (!bridge_usable(self)) return NULL;
+  char *card;
+  Py_ssize_t len;
+  if (PyBytes_AsStringAndSize(arg, &card, &len) < 0) return NULL;
+  char err[320] = "";
+  int peer = -1, rc = coll__net_add_peer(self->net, (const uint8_t *)card, (size_t)len, &peer, err, sizeof err);
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  return PyLong_FromLong(peer);
+}
+
+static PyObject *bridge_watch(hb_bridge_t *self, PyObject *args) {
+  int fd;
+  const char *what;
+  if (!PyArg_ParseTuple(args, "is", &fd, &what) || !bridge_usable(self)) return NULL;
+  coll__net_watch(self->net, fd, what);
+  Py_RETURN_NONE;
+}
+
+static PyObject *bridge_ring(hb_bridge_t *self, PyObject *args) {
+  int n, me, left, right;
+  if (!PyArg_ParseTuple(args, "iiii", &n, &me, &left, &right) || !bridge_usable(self)) return NULL;
+  coll__net_ring_t *ring = NULL;
+  int rc = coll__net_ring_make(self->net, n, me, left, right, &ring);
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, NULL);
+  coll__net_ring_free(self->ring);
+  self->ring = ring;
+  Py_RETURN_NONE;
+}
+
+/* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code. */
+static PyObject *bridge_allreduce(hb_bridge_t *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"buf", "op", "timeout", NULL};
+  PyObject *obj;
+  int op;
+  double timeout = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|d", names, &obj, &op, &timeout) || !bridge_usable(self))
+    return NULL;
+  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
+  hb_buf_t b;
+  if (hb_buf_get(obj, 1, "buf", &b) != 0) return NULL;
+  char err[320] = "";
+  int rc;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll__net_ring_allreduce(self->ring, b.dtype, (coll_op_t)op, b.ptr, b.nbytes / coll_dtype_size(b.dtype),
+                                timeout, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  hb_buf_release(&b);
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *bridge_close(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (self->busy) return hb_bad_arg("the bridge is in use by another thread");
+  bridge_free_parts(self);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef bridge_methods[] = {
+    {"describe", (PyCFunction)bridge_describe, METH_NOARGS, "provider, fabric and interface, one line"},
+    {"card", (PyCFunction)bridge_card, METH_NOARGS, "this endpoint's card (bytes) for the other nodes"},
+    {"add_peer", (PyCFunction)bridge_add_peer, METH_O, "add_peer(card) -> peer number"},
+    {"watch", (PyCFunction)bridge_watch, METH_VARARGS, "watch(fd, what): a closed fd is a lost node"},
+    {"ring", (PyCFunction)bridge_ring, METH_VARARGS, "ring(n, me, left, right)"},
+    {"allreduce", (PyCFunction)(void (*)(void))bridge_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(buf, op, timeout=0): in place over the ring"},
+    {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot bridge_slots[] = {{Py_tp_new, bridge_new},
+                                     {Py_tp_dealloc, bridge_dealloc},
+                                     {Py_tp_methods, bridge_methods},
+                                     {Py_tp_doc, "this rank's endpoint of the bridge between nodes"},
+                                     {0, NULL}};
+
+PyType_Spec hb_bridge_spec = {"hbmcoll._core.Bridge", sizeof(hb_bridge_t), 0,
+                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, bridge_slots};

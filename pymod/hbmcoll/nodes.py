@@ -1,0 +1,162 @@
+"""The node layer's rendezvous: the bridge endpoints of a job's nodes find each other.
+
+Member 0 listens on TCP at (addr, port); every other member connects and both sides prove they
+hold the job's secret before anything else crosses (HMAC-SHA256 over fresh nonces of both, so
+neither the secret nor a replayable answer is ever sent). Each member then sends its bridge card
+(its endpoint's address and the key of its registered pool), and member 0 answers every member
+with all cards. A peer that cannot prove the secret is refused and never sees a card.
+
+The connections stay open: they are how a lost node is noticed. A member watches its connection
+to member 0 (member 0 an epoll set of all of its connections); when a node goes away, its
+connections close, member 0 sees it and closes all of its own, so every member's watch fires.
+
+    cards, watch = exchange(me, n, addr, port, secret, card, timeout)
+    ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
+    watch.close()
+"""
+import hashlib
+import hmac
+import os
+import select
+import socket
+import struct
+import time
+
+from .errors import BootstrapError
+
+MAGIC = b"HBMN1\0"
+NONCE = 32
+
+
+def _proof(secret, *parts):
+    return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exact(sock, n, deadline):
+    out = b""
+    while len(out) < n:
+        sock.settimeout(max(0.01, deadline - time.monotonic()) if deadline else None)
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def _send_blob(sock, blob):
+    sock.sendall(struct.pack("!I", len(blob)) + blob)
+
+
+def _recv_blob(sock, deadline, limit=1 << 16):
+    (n,) = struct.unpack("!I", _recv_exact(sock, 4, deadline))
+    if n > limit:
+        raise ConnectionError("a message longer than the protocol allows")
+    return _recv_exact(sock, n, deadline)
+
+
+class Watch:
+    """What a member watches: its connection to member 0, or member 0's set of connections."""
+
+    def __init__(self, socks):
+        self._socks = socks
+        self._epoll = None
+        if len(socks) > 1:
+            self._epoll = select.epoll()
+            for s in socks:
+                self._epoll.register(s.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+
+    def fileno(self):
+        if self._epoll is not None:
+            return self._epoll.fileno()
+        return self._socks[0].fileno() if self._socks else -1
+
+    def close(self):
+        """Close every connection: the other members' watches fire (use on any failure)."""
+        for s in self._socks:
+            s.close()
+        if self._epoll is not None:
+            self._epoll.close()
+        self._socks = []
+
+
+def _serve(n, addr, port, secret, card, deadline):
+    cards, socks = {0: card}, {}
+    with socket.create_server((addr, port), reuse_port=False) as srv:
+        while len(socks) < n - 1:
+            left = deadline - time.monotonic() if deadline else None
+            if left is not None and left <= 0:
+                missing = sorted(set(range(1, n)) - set(socks))
+                raise BootstrapError(f"member 0 waited at {addr}:{port} for the other nodes; "
+                                     f"{len(socks) + 1} of {n} came (missing: {missing})")
+            srv.settimeout(min(left, 1.0) if left is not None else 1.0)
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            try:
+                head = _recv_exact(conn, len(MAGIC) + 4 + NONCE, deadline)
+                if head[:len(MAGIC)] != MAGIC:
+                    raise ConnectionError("not an hbmcoll member")
+                (who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
+                theirs = head[len(MAGIC) + 4:]
+                mine = os.urandom(NONCE)
+                conn.sendall(mine + _proof(secret, b"server", theirs, mine))
+                answer = _recv_exact(conn, 32, deadline)
+                their_card = _recv_blob(conn, deadline)
+                if not hmac.compare_digest(answer, _proof(secret, b"client", mine, theirs, head[:len(MAGIC) + 4],
+                                                          their_card)):
+                    raise ConnectionError("it does not hold the job's secret")
+                if not 0 < who < n or who in socks:
+                    raise ConnectionError(f"member number {who} is not one this job expects")
+            except (ConnectionError, OSError, struct.error):
+                conn.close()  # refused: it never sees a card
+                continue
+            cards[who], socks[who] = their_card, conn
+    every = b"".join(struct.pack("!I", len(cards[m])) + cards[m] for m in range(n))
+    for m in range(1, n):
+        _send_blob(socks[m], every)
+    return [cards[m] for m in range(n)], Watch([socks[m] for m in range(1, n)])
+
+
+def _join(me, addr, port, secret, card, deadline):
+    while True:
+        try:
+            sock = socket.create_connection((addr, port), timeout=1.0)
+            break
+        except OSError:
+            if deadline and time.monotonic() > deadline:
+                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time")
+            time.sleep(0.05)
+    try:
+        mine = os.urandom(NONCE)
+        head = MAGIC + struct.pack("!I", me)
+        sock.sendall(head + mine)
+        reply = _recv_exact(sock, NONCE + 32, deadline)
+        theirs, proof = reply[:NONCE], reply[NONCE:]
+        if not hmac.compare_digest(proof, _proof(secret, b"server", mine, theirs)):
+            raise BootstrapError(f"the listener at {addr}:{port} does not hold the job's secret: refused")
+        sock.sendall(_proof(secret, b"client", theirs, mine, head, card))
+        _send_blob(sock, card)
+        every = _recv_blob(sock, deadline, limit=1 << 24)
+    except (ConnectionError, OSError) as exc:
+        sock.close()
+        raise BootstrapError(f"member {me}: member 0 at {addr}:{port} refused or dropped us ({exc}); "
+                             f"is the job's secret the same on every node?") from None
+    except BaseException:
+        sock.close()
+        raise
+    cards, at = [], 0
+    while at < len(every):
+        (n,) = struct.unpack("!I", every[at:at + 4])
+        cards.append(every[at + 4:at + 4 + n])
+        at += 4 + n
+    return cards, Watch([sock])
+
+
+def exchange(me, n, addr, port, secret, card, timeout=None):
+    """Every member's card, in member order, and this member's Watch. me == 0 listens."""
+    deadline = time.monotonic() + timeout if timeout else None
+    secret = secret.encode() if isinstance(secret, str) else secret
+    if me == 0:
+        return _serve(n, addr, port, secret, card, deadline)
+    return _join(me, addr, port, secret, card, deadline)

@@ -1,0 +1,69 @@
+"""Emulated nodes for tests and benches: network namespaces on one bridge (rdma-bridge.md 5).
+
+    with NetNodes(3) as nodes:        # hbn<pid>n0..2, each with hbnet0 = 10.77.0.<i+1>/24
+        nodes.popen(i, [sys.executable, "-c", code], env=...)
+        nodes.loss(1)                 # drop 1% of the bridge's frames (nft; no netem here)
+
+The bridge lives in a namespace of its own; traffic goes only to addresses in namespaces made
+here, and all of them are removed on exit (also after an error). usable() says why not (root,
+iproute2) so tests can skip.
+"""
+import os
+import subprocess
+
+
+def _sh(cmd, check=True):
+    return subprocess.run(cmd, shell=True, check=check, capture_output=True, text=True)
+
+
+def usable():
+    """None when namespaces can be made here, else the reason."""
+    if os.geteuid() != 0:
+        return "emulated nodes need root (network namespaces)"
+    probe = "hbnprobe%d" % os.getpid()
+    if _sh(f"ip netns add {probe} && ip netns del {probe}", check=False).returncode != 0:
+        return "ip netns add failed (iproute2 missing, or no namespaces here)"
+    return None
+
+
+class NetNodes:
+    def __init__(self, n, rate=None, tag=None):
+        tag = tag or "hbn%d" % os.getpid()
+        self.bridge, self.names = tag + "br", ["%sn%d" % (tag, i) for i in range(n)]
+        self.addrs = ["10.77.0.%d" % (i + 1) for i in range(n)]
+        self._rate = rate
+
+    def __enter__(self):
+        b = self.bridge
+        try:
+            _sh(f"ip netns add {b} && ip -n {b} link add hbbr0 type bridge && ip -n {b} link set hbbr0 up")
+            for i, m in enumerate(self.names):
+                _sh(f"ip netns add {m} && ip link add hbnet0 netns {m} type veth peer name hbp{i} netns {b} && "
+                    f"ip -n {b} link set hbp{i} master hbbr0 up && "
+                    f"ip -n {m} addr add {self.addrs[i]}/24 dev hbnet0 && ip -n {m} link set hbnet0 up && "
+                    f"ip -n {m} link set lo up")
+                if self._rate:
+                    _sh(f"ip netns exec {m} tc qdisc add dev hbnet0 root tbf rate {self._rate} "
+                        "burst 256kb latency 50ms")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for m in self.names + [self.bridge]:
+            _sh(f"ip netns del {m}", check=False)
+
+    def loss(self, pct):
+        b = self.bridge
+        _sh(f"ip netns exec {b} nft add table bridge hbloss && ip netns exec {b} nft add chain bridge hbloss "
+            f"drops '{{ type filter hook forward priority 0 ; }}' && ip netns exec {b} nft add rule bridge "
+            f"hbloss drops numgen random mod 100 '<' {pct} drop")
+
+    def popen(self, i, argv, **kw):
+        """argv run in node i's network (and its own hostname, node<i>)."""
+        return subprocess.Popen(["ip", "netns", "exec", self.names[i], "unshare", "--uts", "sh", "-c",
+                                 f'hostname node{i} && exec "$@"', "sh", *argv], **kw)
