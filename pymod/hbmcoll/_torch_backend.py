@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from . import _core
 from . import comm as _comm
-from .errors import ArgumentError
+from .errors import ArgumentError, NotSupportedError
 from . import launch_env
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
                              _inout, _out_buf, _plain, _unit_count)
@@ -479,6 +479,9 @@ def create(store, rank, size, timeout):
     t = _timeout_s(timeout)
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None
+    if info is not None and info.size != info.local_size:
+        raise NotSupportedError("torch.distributed's hbmcoll backend does not span nodes yet; "
+                                "across nodes use hbmcoll.init() directly, or backend='gloo'")
     if info is not None:
         comm = _comm.init(timeout=t)
         _world_placement = comm._placement

@@ -399,7 +399,8 @@ def init(comm=None, timeout=None):
     if comm is not None:
         return _init_from_mpi(comm, generation, timeout)
     info = launch_env.detect()
-    launch_env.check_single_node(info)
+    if info.size != info.local_size:
+        return _init_across_nodes(info, generation, timeout, env_timeout)
     placement = _place(info)
     key = f"{info.job_key}/w{generation}"
     exchange = job_secret.Exchange(key, info.rank) if info.needs_secret else None
@@ -414,13 +415,29 @@ def init(comm=None, timeout=None):
     return Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
 
 
+def _init_across_nodes(info, generation, timeout, env_timeout):
+    """This node's communicator over shared memory, then the bridge to the other nodes."""
+    from . import across
+
+    across.where(os.environ)  # the launcher's and the secret's errors before anything waits
+    placement = _place(info)
+    core = _core.Comm(info.local_rank, info.local_size, f"{info.job_key}/node.w{generation}", timeout,
+                      placement)
+    local = Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
+    try:
+        return across.init(local, info, os.environ, timeout or env_timeout)
+    except BaseException:
+        local.close()
+        raise
+
+
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
     hosts = mpi_comm.allgather(socket.gethostname())
     if len(set(hosts)) > 1:
-        raise NotSupportedError(f"the MPI communicator spans {len(set(hosts))} nodes; the inter-node "
-                                f"bridge is not built yet, so hbmcoll needs all ranks on one node")
+        raise NotSupportedError(f"the MPI communicator spans {len(set(hosts))} nodes; across nodes "
+                                f"hbmcoll follows torchrun so far, so it needs all these ranks on one node")
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
     placement = _place(info)

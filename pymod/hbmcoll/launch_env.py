@@ -56,7 +56,7 @@ class LaunchInfo:
 
 
 class MultiNodeError(NotSupportedError):
-    """The job's ranks are on several nodes; only single-node communicators exist so far."""
+    """The job's ranks are on several nodes under a launcher hbmcoll cannot follow there yet."""
 
 
 def _int(env, name):
@@ -200,12 +200,3 @@ def detect(environ=os.environ):
         key, needs_secret = "key." + env["HBMCOLL_JOB_KEY"], False
     return LaunchInfo(rank, size, lrank, lsize, f"u{os.getuid()}.{key}", launcher,
                       needs_secret and size > 1)
-
-
-def check_single_node(info):
-    """Raise MultiNodeError unless every rank of the job runs on this node."""
-    if info.size != info.local_size:
-        raise MultiNodeError(
-            f"hbmcoll: the {info.size} ranks span several nodes ({info.local_size} on this node, "
-            f"launched by {info.launcher}); the inter-node bridge is not built yet, so run all "
-            f"ranks on one node")

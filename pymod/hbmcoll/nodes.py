@@ -6,13 +6,13 @@ neither the secret nor a replayable answer is ever sent). Each member then sends
 (its endpoint's address and the key of its registered pool), and member 0 answers every member
 with all cards. A peer that cannot prove the secret is refused and never sees a card.
 
-The connections stay open: they are how a lost node is noticed. A member watches its connection
-to member 0 (member 0 an epoll set of all of its connections); when a node goes away, its
-connections close, member 0 sees it and closes all of its own, so every member's watch fires.
+The connections stay open: they are how a lost node is noticed (Watch). When a node goes away
+its connections close without a goodbye, member 0 closes all of its own, and every member's watch
+fires.
 
     cards, watch = exchange(me, n, addr, port, secret, card, timeout)
     ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
-    watch.close()
+    watch.close()                         # finished (watch.abort() on a failure)
 """
 import hashlib
 import hmac
@@ -20,6 +20,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 
 from .errors import BootstrapError
@@ -55,28 +56,100 @@ def _recv_blob(sock, deadline, limit=1 << 16):
 
 
 class Watch:
-    """What a member watches: its connection to member 0, or member 0's set of connections."""
+    """What a member's bridge watches for lost nodes: a socket that reaches end of file without a
+    goodbye when a node goes away.
 
-    def __init__(self, socks):
-        self._socks = socks
-        self._epoll = None
-        if len(socks) > 1:
-            self._epoll = select.epoll()
-            for s in socks:
-                self._epoll.register(s.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+    Member k > 0 watches its connection to member 0. Member 0 has a thread on all of its
+    connections: a goodbye (one byte) is a member that finished; end of file without one is a
+    lost node, and the thread then closes every other connection and its end of member 0's
+    own watched socket pair, so every member's watch fires.
+
+    close() is collective, as the endpoints must not close while a peer's last write to them is
+    still completing: each member says goodbye once its own writes completed, and member 0
+    answers everyone after all said it; only then do they close. abort() says nothing and
+    waits for nothing (the others take it as this node lost).
+    """
+
+    BYE = b"B"
+
+    def __init__(self, socks, relay):
+        self._socks, self._thread, self._mine = list(socks), None, None
+        self._bye = set()  # member 0: connections that said goodbye (their fds)
+        if relay:
+            self._mine, self._theirs = socket.socketpair()
+            self._thread = threading.Thread(target=self._relay, name="hbmcoll-nodes-watch", daemon=True)
+            self._stop = False
+            self._thread.start()
 
     def fileno(self):
-        if self._epoll is not None:
-            return self._epoll.fileno()
+        if self._mine is not None:
+            return self._mine.fileno()
         return self._socks[0].fileno() if self._socks else -1
 
-    def close(self):
-        """Close every connection: the other members' watches fire (use on any failure)."""
+    def _relay(self):
+        ep = select.epoll()
+        live = {s.fileno(): s for s in self._socks}
+        for fd in live:
+            ep.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        try:
+            while live and not self._stop:
+                for fd, _ in ep.poll(0.2):
+                    try:
+                        data = live[fd].recv(1)
+                    except OSError:
+                        data = b""
+                    ep.unregister(fd)
+                    del live[fd]
+                    if data == self.BYE:
+                        self._bye.add(fd)
+                    elif not self._stop:
+                        self._drop()
+                        return
+        finally:
+            ep.close()
+
+    def _drop(self):
+        for s in self._socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._theirs.close()
+
+    def close(self, timeout=60):
+        """This member finished (its writes completed): goodbye, and wait for everyone's."""
+        self._finish(True, timeout)
+
+    def abort(self):
+        """This member failed: close without goodbye, so the others' watches fire."""
+        self._finish(False, 0)
+
+    def _finish(self, graceful, timeout):
+        if self._thread is not None:
+            self._stop = True
+            self._thread.join()
+        if graceful:
+            try:
+                if self._thread is None:  # member k: goodbye, then member 0's answer
+                    self._socks[0].sendall(self.BYE)
+                    self._socks[0].settimeout(timeout)
+                    self._socks[0].recv(1)  # end of file too: member 0 is gone, nothing to wait for
+                else:  # member 0: everyone's goodbye first, then the answer to all
+                    for s in self._socks:
+                        if s.fileno() not in self._bye:
+                            s.settimeout(timeout)
+                            s.recv(1)
+                    for s in self._socks:
+                        s.sendall(self.BYE)
+            except OSError:
+                pass
         for s in self._socks:
             s.close()
-        if self._epoll is not None:
-            self._epoll.close()
         self._socks = []
+        if self._mine is not None:
+            self._mine.close()
+            self._theirs.close()
+            self._mine = None
 
 
 def _serve(n, addr, port, secret, card, deadline):
@@ -115,7 +188,7 @@ def _serve(n, addr, port, secret, card, deadline):
     every = b"".join(struct.pack("!I", len(cards[m])) + cards[m] for m in range(n))
     for m in range(1, n):
         _send_blob(socks[m], every)
-    return [cards[m] for m in range(n)], Watch([socks[m] for m in range(1, n)])
+    return [cards[m] for m in range(n)], Watch([socks[m] for m in range(1, n)], relay=True)
 
 
 def _join(me, addr, port, secret, card, deadline):
@@ -150,7 +223,7 @@ def _join(me, addr, port, secret, card, deadline):
         (n,) = struct.unpack("!I", every[at:at + 4])
         cards.append(every[at + 4:at + 4 + n])
         at += 4 + n
-    return cards, Watch([sock])
+    return cards, Watch([sock], relay=False)
 
 
 def exchange(me, n, addr, port, secret, card, timeout=None):

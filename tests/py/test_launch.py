@@ -191,11 +191,15 @@ def test_detect_inconsistent(env, names):
         assert name in str(exc.value)
 
 
-def test_check_single_node():
-    le.check_single_node(le.detect(HYDRA))
-    with pytest.raises(RuntimeError, match="several nodes.*bridge") as exc:
-        le.check_single_node(le.detect(TORCH))
-    assert isinstance(exc.value, le.MultiNodeError)
+def test_across_nodes_needs_torchrun_and_a_secret():
+    from hbmcoll import across
+
+    with pytest.raises(RuntimeError, match="follows torchrun.*MASTER_ADDR"):  # NotSupportedError
+        across.where(dict(HYDRA))
+    with pytest.raises(ValueError, match="HBMCOLL_JOB_KEY"):
+        across.where(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500"))
+    assert across.where(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", HBMCOLL_JOB_KEY="k")) == \
+        (1, "10.0.0.1", 29501)
 
 
 # --- the launcher with real processes ---------------------------------------------------------

@@ -44,7 +44,7 @@ try:
         assert np.array_equal(x, want), (count, x[:4], want[:4])
     print("ok", flush=True)
 except hbmcoll.Error as e:
-    watch.close()  # the others' watches fire too
+    watch.abort()  # the others' watches fire too
     print("lost:", type(e).__name__, e, flush=True)
     sys.exit(4)
 watch.close()

@@ -1,0 +1,97 @@
+"""hbmcoll.init() across emulated nodes under real torchrun: namespaces on a bridge
+(netnodes.py), `torchrun --nnodes 2 --node-rank R --master-addr 10.77.0.1` in each.
+
+- 2 nodes x 2 ranks and 2 nodes x 1 rank: allreduce of float32, int32 and float64 for counts
+  1 to 256 Ki against NumPy, op sum/max/avg, the same bits on every rank for inexact float
+  sums, bcast from a rank of the second node, barrier; a collective not built across nodes
+  yet refuses with NotSupportedError;
+- without HBMCOLL_JOB_KEY every rank stops at init with one clear error.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import netnodes
+
+PYMOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pymod")
+
+RANK = r"""
+import zlib, numpy as np, hbmcoll
+c = hbmcoll.init()
+P = c.size
+for dtype in (np.float32, np.int32, np.float64):
+    for count in (1, 7, 1000, 1 << 18):
+        x = (np.arange(count) % 13 + c.rank).astype(dtype)
+        c.allreduce(x)
+        want = sum((np.arange(count) % 13 + r).astype(dtype) for r in range(P))
+        assert np.array_equal(x, want), (dtype, count, x[:4], want[:4])
+m = np.array([c.rank, -c.rank], dtype=np.int32)
+c.allreduce(m, op="max")
+assert list(m) == [P - 1, 0], m
+y = np.random.default_rng(c.rank).random(100001).astype(np.float32)  # inexact sums
+c.allreduce(y, op="avg")
+h = np.array([zlib.crc32(y.tobytes())], dtype=np.int64)
+h0 = h.copy()
+c.bcast(h0, root=0)
+assert h0[0] == h[0], "ranks disagree on the bits of a float sum"
+b = np.arange(1000, dtype=np.float32) * (c.rank + 1)
+c.bcast(b, root=P - 1)
+assert np.array_equal(b, np.arange(1000, dtype=np.float32) * P)
+c.barrier()
+try:
+    c.gather(np.zeros(1))
+except hbmcoll.errors.NotSupportedError as e:
+    assert "across nodes" in str(e)
+else:
+    raise AssertionError("gather across nodes did not refuse")
+print("rank", c.rank, "of", c.size, "node", c.node, "ok", flush=True)
+c.close()
+"""
+
+
+@pytest.fixture
+def two_nodes():
+    why = netnodes.usable()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("torch")
+    with netnodes.NetNodes(2) as nodes:
+        yield nodes
+
+
+def _torchrun(nodes, per_node, port, env_extra):
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", **env_extra)
+    procs = [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
+                             "--nproc-per-node", str(per_node), "--master-addr", "10.77.0.1", "--master-port",
+                             str(port), "--no-python", sys.executable, "-c", RANK],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+            e += "\n(hung: killed)"
+        out.append((p.returncode, o, e))
+    return out
+
+
+@pytest.mark.parametrize("per_node", [2, 1])
+def test_torchrun_two_nodes(two_nodes, per_node):
+    res = _torchrun(two_nodes, per_node, 29720 + per_node, {"HBMCOLL_JOB_KEY": "k" + "7" * 31})
+    for i, (rc, out, err) in enumerate(res):
+        if rc != 0:
+            open(f"/tmp/across-{i}.err", "w").write(err)
+        assert rc == 0, (i, out, err[-3000:])
+        assert out.count(" ok") == per_node, out
+    assert f"2 nodes x {per_node} ranks, bridge: provider tcp;ofi_rxm" in res[0][2], res[0][2][-2000:]
+
+
+def test_no_secret_is_one_clear_error(two_nodes):
+    res = _torchrun(two_nodes, 1, 29730, {"HBMCOLL_JOB_KEY": ""})
+    for rc, out, err in res:
+        assert rc != 0 and "set HBMCOLL_JOB_KEY to the same random string on every node" in err, err[-2000:]
