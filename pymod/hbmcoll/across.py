@@ -14,6 +14,7 @@ MASTER_PORT + 1) plus the local rank, with the job's secret HBMCOLL_JOB_KEY, whi
 be given (torchrun has none). The interface is HBMCOLL_IFACE, else the one this node reaches
 MASTER_ADDR through.
 """
+import atexit
 import fcntl
 import socket
 import struct
@@ -87,6 +88,9 @@ class NodesCommunicator:
         self.rank, self.size, self.node, self.nodes = rank, size, node, nnodes
         self.local_rank, self.local_size = local.rank, local.size
         self._timeout = timeout or 0
+        self._closed = False
+        # the goodbye is collective: a process that exits without close() would look lost
+        atexit.register(self.close)
 
     def __repr__(self):
         return (f"<hbmcoll NodesCommunicator rank {self.rank} of {self.size}, node {self.node} of "
@@ -100,7 +104,7 @@ class NodesCommunicator:
         try:
             self._bridge.allreduce(flat[lo:hi], code, self._timeout)
         except BaseException:
-            self._watch.abort()  # the other nodes' waits end too
+            self._watch.abort()  # the other nodes' waits end too; close() then says no goodbye
             raise
         if L > 1:
             tmp = _zeros_like(flat, L * S)
@@ -141,6 +145,11 @@ class NodesCommunicator:
         self.allreduce(np.zeros(1, dtype=np.int32))
 
     def close(self):
+        """Collective across nodes (as the endpoints must outlive the peers' last writes)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
         self._watch.close()
         self._bridge.close()
         self._local.close()

@@ -125,6 +125,8 @@ class Watch:
         self._finish(False, 0)
 
     def _finish(self, graceful, timeout):
+        if not self._socks and self._mine is None:
+            return  # finished already (an abort, then close)
         if self._thread is not None:
             self._stop = True
             self._thread.join()
