@@ -9,6 +9,12 @@ rank, so every rank gets the same bits. Bcast is the same path on the bytes, zer
 node but the root's (a byte sum with one term is exact). Barrier is an allreduce of one word.
 The other collectives refuse, saying so: they are not built across nodes yet.
 
+Before any data moves, every rank's ring agrees on what is called (collective, dtype, count, op,
+root) by a small max-allreduce of the descriptor and its negation: every rank sees the same
+verdict, so a disagreement between nodes is MismatchError on every rank. A failure of one node's
+part (a local mismatch, a dead local rank) closes that node's connections without a goodbye, so
+the other nodes' waits end as PeerLostError instead of hanging.
+
 The rendezvous of each ring is hbmcoll.nodes.exchange at MASTER_ADDR, port HBMCOLL_PORT (default
 MASTER_PORT + 1) plus the local rank, with the job's secret HBMCOLL_JOB_KEY, which every node must
 be given (torchrun has none). The interface is HBMCOLL_IFACE, else the one this node reaches
@@ -19,11 +25,12 @@ import fcntl
 import socket
 import struct
 import sys
+import zlib
 
 import numpy as np
 
 from . import _core, nodes
-from .errors import ArgumentError, NotSupportedError
+from .errors import ArgumentError, MismatchError, NotSupportedError
 from .launch_env import MultiNodeError
 
 SIOCGIFADDR = 0x8915
@@ -96,20 +103,36 @@ class NodesCommunicator:
         return (f"<hbmcoll NodesCommunicator rank {self.rank} of {self.size}, node {self.node} of "
                 f"{self.nodes}, {self._bridge.describe()}>")
 
+    def _guard(self, fn):
+        """Run fn; any failure ends the other nodes' waits too (close() then says no goodbye)."""
+        try:
+            return fn()
+        except BaseException:
+            self._watch.abort()
+            raise
+
+    def _agree(self, name, flat, op, root):
+        """MismatchError on every rank unless all called name with the same dtype, count, op, root."""
+        dt = str(flat.dtype)
+        mine = np.array([zlib.crc32(name.encode()), zlib.crc32(dt.encode()), len(flat),
+                         zlib.crc32(str(op).encode()), root], dtype=np.int64)
+        both = np.concatenate([mine, -mine])
+        self._guard(lambda: self._bridge.allreduce(both, _core.MAX, self._timeout))
+        if not np.array_equal(both[:5], -both[5:]):
+            raise MismatchError(f"ranks on different nodes disagree on the arguments of {name} (this rank: "
+                                f"{dt} x {len(flat)}, op {op}, root {root}): every rank must call the same "
+                                "collectives in the same order with the same arguments")
+
     def _across(self, flat, code):
         """flat (1-D, the node's result on every local rank) reduced across the nodes, in place."""
         n, L, me = len(flat), self.local_size, self.local_rank
         S = -(-n // L)
         lo, hi = min(me * S, n), min((me + 1) * S, n)
-        try:
-            self._bridge.allreduce(flat[lo:hi], code, self._timeout)
-        except BaseException:
-            self._watch.abort()  # the other nodes' waits end too; close() then says no goodbye
-            raise
+        self._guard(lambda: self._bridge.allreduce(flat[lo:hi], code, self._timeout))
         if L > 1:
             tmp = _zeros_like(flat, L * S)
             tmp[me * S:me * S + (hi - lo)] = flat[lo:hi]
-            self._local.allgather(tmp[me * S:(me + 1) * S], out=tmp)
+            self._guard(lambda: self._local.allgather(tmp[me * S:(me + 1) * S], out=tmp))
             flat[:] = tmp[:n]
 
     def allreduce(self, buf, op="sum", out=None):
@@ -120,7 +143,8 @@ class NodesCommunicator:
             raise ArgumentError(f"op={op!r}: across nodes sum, prod, min, max or avg")
         if avg and not _is_float(_flat(buf)):
             raise ArgumentError("op='avg' across nodes takes floating-point buffers")
-        self._local.allreduce(buf, op="sum" if avg else op, out=out)
+        self._agree("allreduce", _flat(buf), op, -1)
+        self._guard(lambda: self._local.allreduce(buf, op="sum" if avg else op, out=out))
         flat = _flat(out)
         self._across(flat, _CODES["sum" if avg else op])
         if avg:
@@ -134,8 +158,9 @@ class NodesCommunicator:
         L = self.local_size
         flat = _flat(buf)
         raw = _bytes(flat)
+        self._agree("bcast", flat, "-", root)
         if root // L == self.node:
-            self._local.bcast(buf, root=root % L)
+            self._guard(lambda: self._local.bcast(buf, root=root % L))
         else:
             raw[:] = 0
         self._across(raw, _core.SUM)

@@ -26,6 +26,15 @@ def usable():
     return None
 
 
+def sweep():
+    """Remove the namespaces of runs that were killed before they could (hbn<pid>..., pid gone)."""
+    for line in _sh("ip netns list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        digits = name[3:].split("n")[0].split("br")[0] if name.startswith("hbn") else ""
+        if digits.isdigit() and not os.path.exists(f"/proc/{digits}"):
+            _sh(f"ip netns del {name}", check=False)
+
+
 class NetNodes:
     def __init__(self, n, rate=None, tag=None):
         tag = tag or "hbn%d" % os.getpid()
@@ -34,6 +43,7 @@ class NetNodes:
         self._rate = rate
 
     def __enter__(self):
+        sweep()
         b = self.bridge
         try:
             _sh(f"ip netns add {b} && ip -n {b} link add hbbr0 type bridge && ip -n {b} link set hbbr0 up")

@@ -5,6 +5,9 @@
   1 to 256 Ki against NumPy, op sum/max/avg, the same bits on every rank for inexact float
   sums, bcast from a rank of the second node, barrier; a collective not built across nodes
   yet refuses with NotSupportedError;
+- ranks of different nodes calling allreduce with different counts: MismatchError on every rank,
+  and the communicator works on;
+- a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
 - without HBMCOLL_JOB_KEY every rank stops at init with one clear error.
 """
 import os
@@ -18,9 +21,28 @@ import netnodes
 PYMOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pymod")
 
 RANK = r"""
-import zlib, numpy as np, hbmcoll
+import os, zlib, numpy as np, hbmcoll
 c = hbmcoll.init()
 P = c.size
+if os.environ.get("MODE") == "mismatch":
+    try:
+        c.allreduce(np.ones(10 + c.node, dtype=np.float32))
+    except hbmcoll.MismatchError as e:
+        print("mismatch:", e, flush=True)
+    x = np.ones(5, dtype=np.float32)
+    c.allreduce(x)
+    assert np.array_equal(x, np.full(5, P, dtype=np.float32)), x
+    print("rank", c.rank, "of", c.size, "node", c.node, "ok", flush=True)
+    raise SystemExit(0)
+if os.environ.get("MODE") == "die":
+    if c.rank == P - 1:
+        os.kill(os.getpid(), 9)
+    try:
+        while True:
+            c.allreduce(np.ones(1000, dtype=np.float32))
+    except hbmcoll.PeerLostError as e:
+        print("lost:", e, flush=True)
+        raise SystemExit(5)
 for dtype in (np.float32, np.int32, np.float64):
     for count in (1, 7, 1000, 1 << 18):
         x = (np.arange(count) % 13 + c.rank).astype(dtype)
@@ -89,6 +111,20 @@ def test_torchrun_two_nodes(two_nodes, per_node):
         assert rc == 0, (i, out, err[-3000:])
         assert out.count(" ok") == per_node, out
     assert f"2 nodes x {per_node} ranks, bridge: provider tcp;ofi_rxm" in res[0][2], res[0][2][-2000:]
+
+
+def test_disagreeing_nodes_are_mismatch_everywhere(two_nodes):
+    res = _torchrun(two_nodes, 2, 29735, {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "mismatch"})
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count("mismatch: ranks on different nodes disagree") == 2, (i, out, err[-2000:])
+        assert out.count(" ok") == 2, out
+
+
+def test_a_lost_node_is_peer_lost_on_the_others(two_nodes):
+    res = _torchrun(two_nodes, 2, 29736, {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "die"})
+    rc, out, err = res[0]  # (torchrun stops a node's other ranks once one has failed)
+    assert rc != 0 and "lost: the connection to the job's other nodes closed" in out, (out, err[-2000:])
+    assert "hung" not in err
 
 
 def test_no_secret_is_one_clear_error(two_nodes):
