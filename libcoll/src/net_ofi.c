@@ -350,6 +350,23 @@ static int net_queue(coll__net_t *n, uint32_t note) {
   return 0;
 }
 
+/* One step of a wait inside this layer (a write's retries, a flush): the lost-node watch, the
+ * time limit (`late` says what ran out of it), then one completion, a note kept for the next
+ * poll. 0 to go on, or the failure. */
+static int net_step(coll__net_t *n, double until, unsigned spins, const char *late, char *err,
+                    size_t errlen) {
+  int rc = net_watch_check(n, err, errlen);
+  if (rc) return rc;
+  if (net_late(until, spins)) {
+    snprintf(err, errlen, "%s in %.0f s", late, n->timeout_s);
+    return -ETIMEDOUT;
+  }
+  uint32_t got;
+  rc = net_read_one(n, &got, err, errlen);
+  if (rc == 1) return net_queue(n, got);
+  return rc;
+}
+
 int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
                     uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
@@ -361,16 +378,10 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
                               p->key, sent_p);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
-    int lost = net_watch_check(n, err, errlen);
-    if (lost) return lost;
-    if (net_late(until, spins)) { /* rxm retries a peer that went away for ever */
-      snprintf(err, errlen, "a write to another node's rank found no way through in %.0f s", n->timeout_s);
-      return -ETIMEDOUT;
-    }
-    uint32_t got; /* the provider wants progress (rxm connects on demand) */
-    int r = net_read_one(n, &got, err, errlen);
-    if (r < 0) return r;
-    if (r == 1 && net_queue(n, got) != 0) return -ENOMEM;
+    /* the provider wants progress (rxm connects on demand); it retries a peer that went away
+     * for ever, hence the watch and the limit */
+    int r = net_step(n, until, spins, "a write to another node's rank found no way through", err, errlen);
+    if (r) return r;
   }
   n->posted++;
   return 0;
@@ -379,16 +390,8 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
   double until = n->timeout_s ? net_now() + n->timeout_s : 0;
   for (unsigned spins = 1; n->completed < n->posted; spins++) {
-    if (net_late(until, spins)) {
-      snprintf(err, errlen, "writes to another node's rank did not complete in %.0f s", n->timeout_s);
-      return -ETIMEDOUT;
-    }
-    int lost = net_watch_check(n, err, errlen);
-    if (lost) return lost;
-    uint32_t got;
-    int r = net_read_one(n, &got, err, errlen);
-    if (r < 0) return r;
-    if (r == 1 && net_queue(n, got) != 0) return -ENOMEM;
+    int r = net_step(n, until, spins, "writes to another node's rank did not complete", err, errlen);
+    if (r) return r;
   }
   return 0;
 }

@@ -34,8 +34,8 @@ struct coll__net_ring {
   int n, me, left, right;
   size_t chunk;       /* bytes per slot */
   uint32_t next;      /* the next transfer's number */
+  /* the last notes of each kind by number, UINT32_MAX where none came (numbers are < 2^31) */
   uint32_t data_seen[RING_SEEN], credit_seen[RING_SEEN];
-  int have_data[RING_SEEN], have_credit[RING_SEEN];
   uint64_t staged[2], sent[2]; /* writes from each send slot: posted, completed */
 };
 
@@ -51,6 +51,8 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
   if (r == NULL) return -ENOMEM;
   r->net = net, r->n = n, r->me = me, r->left = left, r->right = right;
   r->chunk = ((pool - RING_SCRATCH) / 4) & ~(size_t)63;
+  memset(r->data_seen, 0xff, sizeof r->data_seen);
+  memset(r->credit_seen, 0xff, sizeof r->credit_seen);
   *ring_p = r;
   return 0;
 }
@@ -64,32 +66,37 @@ static double ring_now(void) {
 }
 
 static void ring_keep(coll__net_ring_t *r, uint32_t note) {
-  uint32_t k = note & RING_CREDIT, num = note & ~RING_CREDIT;
-  (k ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
-  (k ? r->have_credit : r->have_data)[num % RING_SEEN] = 1;
+  uint32_t num = note & ~RING_CREDIT;
+  ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
 }
 
-/* Until the note (kind, t) came: every note that arrives meanwhile is kept by number. */
-static int ring_wait(coll__net_ring_t *r, uint32_t kind, uint32_t t, double timeout_s, char *err,
+/* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
+ * completion of my write from send slot t % 2. */
+enum { RING_DATA, RING_CREDIT_OF, RING_SENT };
+static const char *const ring_waits_for[] = {"data from the previous node's rank",
+                                             "credit from the next node's rank",
+                                             "my write to the next node's rank to complete"};
+
+static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
+  if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
+  return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
+}
+
+/* Until `what` for transfer t: every note that arrives meanwhile is kept by number. */
+static int ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s, char *err,
                      size_t errlen) {
-  uint32_t *seen = kind ? r->credit_seen : r->data_seen;
-  int *have = kind ? r->have_credit : r->have_data;
   double until = timeout_s > 0 ? ring_now() + timeout_s : 0;
-  for (unsigned spins = 0;; spins++) {
-    if (have[t % RING_SEEN] && seen[t % RING_SEEN] == t) return 0;
+  for (unsigned spins = 0; !ring_ready(r, what, t); spins++) {
     uint32_t note;
     int rc = coll__net_poll(r->net, &note, err, errlen);
     if (rc < 0) return rc;
-    if (rc == 1) {
-      ring_keep(r, note);
-      continue;
-    }
-    if (until && (spins & 1023) == 0 && ring_now() > until) {
-      snprintf(err, errlen, "no %s from the %s node's rank in %.0f s (transfer %u)",
-               kind ? "credit" : "data", kind ? "next" : "previous", timeout_s, (unsigned)t);
+    if (rc == 1) ring_keep(r, note);
+    else if (until && (spins & 1023) == 0 && ring_now() > until) {
+      snprintf(err, errlen, "waited %.0f s for %s (transfer %u)", timeout_s, ring_waits_for[what], (unsigned)t);
       return -ETIMEDOUT;
     }
   }
+  return 0;
 }
 
 /* Transfer t's two halves: what I send right and what I take from the left. */
@@ -106,18 +113,9 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
                      char *err, size_t errlen) {
   uint8_t *pool = coll__net_pool(r->net);
   int rc;
-  if (t >= 2 && (rc = ring_wait(r, RING_CREDIT, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
+  if (t >= 2 && (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
     return rc;
-  double until = timeout_s > 0 ? ring_now() + timeout_s : 0;
-  for (unsigned spins = 0; r->sent[t & 1] < r->staged[t & 1]; spins++) {
-    uint32_t note;
-    if ((rc = coll__net_poll(r->net, &note, err, errlen)) < 0) return rc;
-    if (rc == 1) ring_keep(r, note);
-    if (until && (spins & 1023) == 0 && ring_now() > until) {
-      snprintf(err, errlen, "my write to the next node's rank did not complete in %.0f s", timeout_s);
-      return -ETIMEDOUT;
-    }
-  }
+  if ((rc = ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
   if (st->send_len) memcpy(pool + ring_send_off(r, t), st->src, st->send_len);
   r->staged[t & 1]++;
   /* at least one byte: an empty chunk still carries its note */
@@ -129,7 +127,7 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
  * chunk out of receive slot t % 2, and give it the credit of t. */
 static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, coll_dtype_t dtype,
                      coll_op_t op, double timeout_s, char *err, size_t errlen) {
-  int rc = ring_wait(r, 0, t, timeout_s, err, errlen);
+  int rc = ring_wait(r, RING_DATA, t, timeout_s, err, errlen);
   if (rc) return rc;
   const uint8_t *in = coll__net_pool(r->net) + ring_recv_off(r, t);
   if (st->reduce && st->recv_len) {
