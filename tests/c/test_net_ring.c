@@ -187,6 +187,20 @@ static int member_dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
   return rc != 0 && err[0] && dt < 10 ? 0 : 19;
 }
 
+/* The parent's side of the out-of-band exchange: every member's card (on fds[m]) to every
+ * member. 1 when all came and went out. */
+static int swap_cards(int fds[][2], int n) {
+  uint32_t lens[MAX_RANKS] = {0};
+  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
+  int ok = 1;
+  for (int m = 0; m < n; m++)
+    ok &= read(fds[m][0], &lens[m], 4) == 4 && lens[m] <= COLL_NET_CARD_MAX &&
+          read(fds[m][0], cards[m], lens[m]) == (ssize_t)lens[m];
+  for (int m = 0; ok && m < n; m++)
+    ok &= write(fds[m][0], lens, sizeof lens) == sizeof lens && write(fds[m][0], cards, sizeof cards) == sizeof cards;
+  return ok;
+}
+
 static void run_dead(const char *name, int watched) {
   netns_t ns;
   if (netns_up(&ns, 2) != 0) {
@@ -208,11 +222,7 @@ static void run_dead(const char *name, int watched) {
     close(sv[m][1]);
   }
   close(link[0]), close(link[1]);
-  uint32_t lens[MAX_RANKS] = {0};
-  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
-  for (int m = 0; m < 2; m++)
-    if (read(sv[m][0], &lens[m], 4) != 4 || read(sv[m][0], cards[m], lens[m]) != (ssize_t)lens[m]) lens[m] = 0;
-  for (int m = 0; m < 2; m++) (void)!(write(sv[m][0], lens, sizeof lens) + write(sv[m][0], cards, sizeof cards));
+  (void)swap_cards(sv, 2); /* a failed swap shows as the survivor's exit status */
   int st0 = 0, st1 = 0;
   waitpid(pids[0], &st0, 0);
   waitpid(pids[1], &st1, 0);
@@ -246,14 +256,7 @@ static void run_ring(const char *name, int n, int loss_pct) {
     }
     close(sv[m][1]);
   }
-  uint32_t lens[MAX_RANKS] = {0};
-  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
-  int ok = 1;
-  for (int m = 0; m < n; m++)
-    ok &= read(sv[m][0], &lens[m], 4) == 4 && lens[m] <= COLL_NET_CARD_MAX &&
-          read(sv[m][0], cards[m], lens[m]) == (ssize_t)lens[m];
-  for (int m = 0; ok && m < n; m++)
-    ok &= write(sv[m][0], lens, sizeof lens) == sizeof lens && write(sv[m][0], cards, sizeof cards) == sizeof cards;
+  int ok = swap_cards(sv, n);
   char why[160] = "";
   for (int c = 0; ok && c < total_cases(); c++) { /* one checksum per case from every member */
     uint64_t h[MAX_RANKS];

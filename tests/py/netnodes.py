@@ -77,3 +77,18 @@ class NetNodes:
         """argv run in node i's network (and its own hostname, node<i>)."""
         return subprocess.Popen(["ip", "netns", "exec", self.names[i], "unshare", "--uts", "sh", "-c",
                                  f'hostname node{i} && exec "$@"', "sh", *argv], **kw)
+
+
+def finish(procs, timeout):
+    """(returncode, stdout, stderr) of each process; one still running after timeout seconds is
+    killed, and its stderr ends with "(hung: killed)"."""
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+            e += "\n(hung: killed)"
+        out.append((p.returncode, o, e))
+    return out

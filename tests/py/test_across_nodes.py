@@ -92,16 +92,7 @@ def _torchrun(nodes, per_node, port, env_extra):
                              str(port), "--no-python", sys.executable, "-c", RANK],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in range(2)]
-    out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            o, e = p.communicate()
-            e += "\n(hung: killed)"
-        out.append((p.returncode, o, e))
-    return out
+    return netnodes.finish(procs, 240)
 
 
 @pytest.mark.parametrize("per_node", [2, 1])

@@ -67,28 +67,15 @@ def _start(nodes, n, secrets, mode, port):
             for i in range(n)]
 
 
-def _finish(procs, timeout=60):
-    out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            o, e = p.communicate()
-            o += "\n(hung: killed)"
-        out.append((p.returncode, o, e))
-    return out
-
-
 def test_three_nodes_allreduce_over_the_bridge(three_nodes):
-    res = _finish(_start(three_nodes, 3, ["s3cret"] * 3, "run", 29611))
+    res = netnodes.finish(_start(three_nodes, 3, ["s3cret"] * 3, "run", 29611), 60)
     for i, (rc, out, err) in enumerate(res):
         assert rc == 0 and "ok" in out, (i, out, err[-2000:])
         assert f"host node{i} provider tcp;ofi_rxm" in out and "interface hbnet0" in out, out
 
 
 def test_a_member_without_the_secret_is_refused(three_nodes):
-    res = _finish(_start(three_nodes, 3, ["s3cret", "guess", "s3cret"], "refused", 29612))
+    res = netnodes.finish(_start(three_nodes, 3, ["s3cret", "guess", "s3cret"], "refused", 29612), 60)
     rc1, out1, _ = res[1]
     assert rc1 == 3 and "does not hold the job's secret" in out1, out1
     rc0, out0, _ = res[0]
@@ -97,7 +84,7 @@ def test_a_member_without_the_secret_is_refused(three_nodes):
 
 def test_a_killed_node_is_peer_lost_everywhere(three_nodes):
     t0 = time.monotonic()
-    res = _finish(_start(three_nodes, 3, ["s3cret"] * 3, "die", 29613), timeout=60)
+    res = netnodes.finish(_start(three_nodes, 3, ["s3cret"] * 3, "die", 29613), timeout=60)
     assert res[2][0] == -signal.SIGKILL or res[2][0] == 128 + 9, res[2]
     for i in (0, 1):
         rc, out, err = res[i]
