@@ -192,9 +192,9 @@ class NodesCommunicator:
                                 "run this collective on one node, or through gloo or MPI")
 
 
-def init(local, info, env, timeout):
-    """The job's NodesCommunicator, once the node's communicator `local` stands."""
-    node, master, base = where(env)
+def init(local, info, env, timeout, node, master, base):
+    """The job's NodesCommunicator, once the node's communicator `local` stands; node, master
+    and base as where(env) gave them."""
     if info.size % info.local_size:
         raise NotSupportedError(f"{info.size} ranks do not split evenly into nodes of {info.local_size}: "
                                 "across nodes hbmcoll needs the same ranks on every node so far")

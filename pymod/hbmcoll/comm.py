@@ -419,13 +419,13 @@ def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
     from . import across
 
-    across.where(os.environ)  # the launcher's and the secret's errors before anything waits
+    node, master, base = across.where(os.environ)  # its errors before anything waits
     placement = _place(info)
     core = _core.Comm(info.local_rank, info.local_size, f"{info.job_key}/node.w{generation}", timeout,
                       placement)
     local = Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
     try:
-        return across.init(local, info, os.environ, timeout or env_timeout)
+        return across.init(local, info, os.environ, timeout or env_timeout, node, master, base)
     except BaseException:
         local.close()
         raise

@@ -93,3 +93,18 @@ def comm1(monkeypatch):
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def emulated_nodes():
+    """emulated_nodes(n): n emulated nodes (netnodes.NetNodes), removed after the test; the
+    test is skipped where namespaces cannot be made (not root, no iproute2)."""
+    import contextlib
+
+    import netnodes
+
+    why = netnodes.usable()
+    if why:
+        pytest.skip(why)
+    with contextlib.ExitStack() as stack:
+        yield lambda n: stack.enter_context(netnodes.NetNodes(n))

@@ -76,13 +76,9 @@ c.close()
 
 
 @pytest.fixture
-def two_nodes():
-    why = netnodes.usable()
-    if why:
-        pytest.skip(why)
+def two_nodes(emulated_nodes):
     pytest.importorskip("torch")
-    with netnodes.NetNodes(2) as nodes:
-        yield nodes
+    return emulated_nodes(2)
 
 
 def _torchrun(nodes, per_node, port, env_extra):

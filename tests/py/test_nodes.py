@@ -52,12 +52,8 @@ watch.close()
 
 
 @pytest.fixture
-def three_nodes():
-    why = netnodes.usable()
-    if why:
-        pytest.skip(why)
-    with netnodes.NetNodes(3) as nodes:
-        yield nodes
+def three_nodes(emulated_nodes):
+    return emulated_nodes(3)
 
 
 def _start(nodes, n, secrets, mode, port):
