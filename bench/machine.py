@@ -14,7 +14,7 @@ def _run(cmd, timeout=20):
         return ""
 
 
-def _cpu_model():
+def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -73,7 +73,7 @@ def info():
         pass
     return {
         "hostname": u.node, "kernel": u.release, "os": _os_release(), "arch": u.machine,
-        "cpu_model": _cpu_model(), "logical_cpus": os.cpu_count(),
+        "cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)), "cgroup_cpu_max": _cgroup_cpu(),
         "mem_total_kB": mem, "numa_nodes": _numa_nodes(),
         "in_container": os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),

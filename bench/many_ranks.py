@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+import machine  # bench/machine.py: the facts every run records
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 ITERS = {16: 400, 32: 200, 64: 100}      # hbmcoll calls per run, by ranks (2000 below 16)
@@ -166,7 +168,7 @@ def main():
     sh(["make", "-C", ROOT, "build/coll_bench"], check=True)
     base, sha = build_baseline(a.baseline or default_baseline(), out)
     mpi = build_mpi()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = machine.cpu_model()
     print("many ranks: %s, %d CPUs; baseline %s" % (cpu, os.cpu_count(), sha))
     best = {}
     for rnd in range(a.rounds):

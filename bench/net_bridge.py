@@ -16,6 +16,8 @@ import re
 import subprocess
 import sys
 
+import machine  # bench/machine.py: the facts every run records
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NODES = 2
@@ -76,7 +78,7 @@ def main():
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["make", "-s", "-C", ROOT, "build/net_bench"], check=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = machine.cpu_model()
     nodes = NetNodes(NODES, a.rate).__enter__()
     best = {"hbmcoll": {}, "gloo": {}}
     try:
