@@ -6,6 +6,7 @@
  *   b = Bridge(iface=None, pool_bytes=4 << 20)   # opens the endpoint (loads libfabric)
  *   b.describe() -> str; b.card() -> bytes; b.add_peer(card) -> int
  *   b.watch(fd, what); b.ring(n, me, left, right); b.allreduce(buf, op, timeout=0)
+ *   b.allgather(buf, timeout=0)
  *   b.close()
  *
  * One thread at a time (the caller's lock); every call that can block runs without the
@@ -119,28 +120,44 @@ static PyObject *bridge_ring(hb_bridge_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code. */
-static PyObject *bridge_allreduce(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"buf", "op", "timeout", NULL};
+/* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code.
+ * allgather(buf, timeout=0): buf holds one block per member, this member's at its number. */
+static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int gather) {
+  static char *reduce_names[] = {"buf", "op", "timeout", NULL}, *gather_names[] = {"buf", "timeout", NULL};
   PyObject *obj;
-  int op;
+  int op = 0;
   double timeout = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|d", names, &obj, &op, &timeout) || !bridge_usable(self))
-    return NULL;
+  int ok = gather ? PyArg_ParseTupleAndKeywords(args, kw, "O|d", gather_names, &obj, &timeout)
+                  : PyArg_ParseTupleAndKeywords(args, kw, "Oi|d", reduce_names, &obj, &op, &timeout);
+  if (!ok || !bridge_usable(self)) return NULL;
   if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
   hb_buf_t b;
   if (hb_buf_get(obj, 1, "buf", &b) != 0) return NULL;
+  size_t n = (size_t)coll__net_ring_members(self->ring);
+  if (gather && b.nbytes % n) {
+    hb_buf_release(&b);
+    return hb_bad_arg("allgather: the buffer's size is not a multiple of the ring's members");
+  }
   char err[320] = "";
   int rc;
   self->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  rc = coll__net_ring_allreduce(self->ring, b.dtype, (coll_op_t)op, b.ptr, b.nbytes / coll_dtype_size(b.dtype),
-                                timeout, err, sizeof err);
+  rc = gather ? coll__net_ring_allgather(self->ring, b.ptr, b.nbytes / n, timeout, err, sizeof err)
+              : coll__net_ring_allreduce(self->ring, b.dtype, (coll_op_t)op, b.ptr,
+                                         b.nbytes / coll_dtype_size(b.dtype), timeout, err, sizeof err);
   Py_END_ALLOW_THREADS
   self->busy = 0;
   hb_buf_release(&b);
   if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
   Py_RETURN_NONE;
+}
+
+static PyObject *bridge_allreduce(hb_bridge_t *self, PyObject *args, PyObject *kw) {
+  return bridge_run(self, args, kw, 0);
+}
+
+static PyObject *bridge_allgather(hb_bridge_t *self, PyObject *args, PyObject *kw) {
+  return bridge_run(self, args, kw, 1);
 }
 
 static PyObject *bridge_close(hb_bridge_t *self, PyObject *unused) {
@@ -158,6 +175,8 @@ static PyMethodDef bridge_methods[] = {
     {"ring", (PyCFunction)bridge_ring, METH_VARARGS, "ring(n, me, left, right)"},
     {"allreduce", (PyCFunction)(void (*)(void))bridge_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(buf, op, timeout=0): in place over the ring"},
+    {"allgather", (PyCFunction)(void (*)(void))bridge_allgather, METH_VARARGS | METH_KEYWORDS,
+     "allgather(buf, timeout=0): buf's blocks, one per member, filled in place"},
     {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
     {NULL, NULL, 0, NULL}};
 

@@ -7,7 +7,8 @@
  * its right and folds segment m - s - 1, arriving from its left, into its own buffer:
  * after n - 1 steps it holds segment m + 1 reduced over all members, computed by it alone.
  * Allgather: n - 1 more steps pass the finished segments on, copied, not reduced. So every
- * member ends with the same bits, for floats too.
+ * member ends with the same bits, for floats too. An allgather alone is that second phase
+ * with each member starting from its own segment.
  *
  * One transfer (transfer number t, counted on across collectives): wait for the credit of
  * t - 2 (the right neighbour has consumed slot t % 2), wait until my write of t - 2 left my
@@ -58,6 +59,8 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
 }
 
 void coll__net_ring_free(coll__net_ring_t *r) { free(r); }
+
+int coll__net_ring_members(const coll__net_ring_t *r) { return r->n; }
 
 static double ring_now(void) {
   struct timespec ts;
@@ -141,28 +144,29 @@ static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, col
                          NULL, err, errlen);
 }
 
-/* The i-th transfer of an allreduce of count elements of es bytes over n members: step s of
- * phase p (0: reduce-scatter, 1: allgather), chunk k of the segments it moves. */
+/* The i-th transfer of a run that starts at phase `first` (0: reduce-scatter then allgather,
+ * 1: allgather alone) over count elements of es bytes: step s of phase p (counted from the
+ * run's first), chunk k of the segments it moves. Member m sends segment m - s + p, so in an
+ * allgather alone it starts with its own segment m; after a reduce-scatter it owns m + 1. */
 static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count, size_t es, size_t K,
-                             size_t i) {
+                             int first, size_t i) {
   size_t n = (size_t)r->n, base = count / n, extra = count % n, ce = r->chunk / es;
-  size_t k = i % K, s = (i / K) % (n - 1), phase = i / (K * (n - 1));
-  size_t out = ((size_t)r->me + n - s + phase) % n, in = ((size_t)r->me + 2 * n - s - 1 + phase) % n;
+  size_t k = i % K, s = (i / K) % (n - 1), p = i / (K * (n - 1));
+  size_t out = ((size_t)r->me + n - s + p) % n, in = ((size_t)r->me + 2 * n - s - 1 + p) % n;
   size_t out_len = base + (out < extra), in_len = base + (in < extra);
   size_t out_at = out * base + (out < extra ? out : extra), in_at = in * base + (in < extra ? in : extra);
   size_t o = k * ce < out_len ? (out_len - k * ce < ce ? out_len - k * ce : ce) : 0;
   size_t g = k * ce < in_len ? (in_len - k * ce < ce ? in_len - k * ce : ce) : 0;
-  ring_step_t st = {b + (out_at + k * ce) * es, b + (in_at + k * ce) * es, o * es, g * es, phase == 0};
+  ring_step_t st = {b + (out_at + k * ce) * es, b + (in_at + k * ce) * es, o * es, g * es, first + p == 0};
   return st;
 }
 
-int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf,
-                             size_t count, double timeout_s, char *err, size_t errlen) {
+/* The transfers of a run from phase `first` on, each member's segments cut in K chunks. */
+static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf, size_t count,
+                    int first, double timeout_s, char *err, size_t errlen) {
   size_t es = coll_dtype_size(dtype);
-  if (es == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
-  if (r->n == 1 || count == 0) return 0;
   size_t n = (size_t)r->n, ce = r->chunk / es, longest = count / n + (count % n != 0);
-  size_t K = (longest + ce - 1) / ce, T = 2 * (n - 1) * K;
+  size_t K = (longest + ce - 1) / ce, T = (size_t)(2 - first) * (n - 1) * K;
   /* With two chunks or more per step, transfer i + 1 never sends what transfer i brings
    * (that goes out K transfers later), so it is posted first and the link stays busy while
    * the chunk that came in is folded. */
@@ -170,15 +174,29 @@ int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t 
   coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
   r->next = (uint32_t)(t0 + T) & ~RING_CREDIT;
-  ring_step_t st = ring_plan(r, buf, count, es, K, 0);
+  ring_step_t st = ring_plan(r, buf, count, es, K, first, 0);
   int rc = ring_post(r, t0 & ~RING_CREDIT, &st, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i < T; i++) {
     uint32_t t = (uint32_t)(t0 + i) & ~RING_CREDIT, u = (t + 1) & ~RING_CREDIT;
-    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, i + 1) : st;
+    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, i + 1) : st;
     if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
     if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     st = next;
   }
   return rc ? rc : coll__net_flush(r->net, err, errlen);
+}
+
+int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf,
+                             size_t count, double timeout_s, char *err, size_t errlen) {
+  if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
+  if (r->n == 1 || count == 0) return 0;
+  return ring_run(r, dtype, op, buf, count, 0, timeout_s, err, errlen);
+}
+
+int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
+                             size_t errlen) {
+  if (block && buf == NULL) return COLL_EBADARG;
+  if (r->n == 1 || block == 0) return 0;
+  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, timeout_s, err, errlen);
 }

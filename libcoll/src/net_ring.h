@@ -25,6 +25,7 @@ typedef struct coll__net_ring coll__net_ring_t;
 int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
                         coll__net_ring_t **ring_p);
 void coll__net_ring_free(coll__net_ring_t *ring); /* NULL is fine */
+int coll__net_ring_members(const coll__net_ring_t *ring); /* n */
 
 /* In place, on every member at once: buf[0..count) becomes op over the members' buffers
  * (reduce-scatter then allgather around the ring, so each element is reduced by one member
@@ -33,5 +34,10 @@ void coll__net_ring_free(coll__net_ring_t *ring); /* NULL is fine */
  * -ETIMEDOUT, or the bridge's failure; err says which neighbour and what happened. */
 int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
                              size_t count, double timeout_s, char *err, size_t errlen);
+
+/* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
+ * block m; afterwards every member has all n. Returns as coll__net_ring_allreduce. */
+int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
+                             size_t errlen);
 
 #endif /* COLL_NET_RING_H */

@@ -1,183 +1,424 @@
-"""A job on several nodes (torchrun so far): the node's shared-memory communicator below, and
-one ring of the bridge per local rank across the nodes.
+"""A job on several nodes: the node's shared-memory communicator below, and the bridge's rings
+between the nodes (hbmcoll.layout says who is where and builds them).
 
-Allreduce: the node's ranks allreduce over shared memory (every local rank holds the node's
-sum); local rank l carries slice l of it around ring l, made of local rank l of every node, so
-every core and a queue pair each of the NIC work at once; the slices come back to every local
-rank by an allgather over shared memory. Each element is reduced in the same order on every
-rank, so every rank gets the same bits. Bcast is the same path on the bytes, zeros from every
-node but the root's (a byte sum with one term is exact). Barrier is an allreduce of one word.
-The other collectives refuse, saying so: they are not built across nodes yet.
+Two moves between nodes carry every collective, each split over the node's ring carriers (local
+ranks 0..R-1, R the fewest ranks of any node), so every carrier and a NIC queue each work at once:
+- reduce: the node's result (on every local rank) is cut in R slices; carrier l reduces slice l
+  around ring l; a local allgather brings the slices back to every local rank. Each element is
+  reduced in the same order on every rank, so every rank gets the same bits.
+- gather: the node's block of bytes (the same on every local rank) is cut in R slices; carrier l
+  gathers slice l of every node around ring l; a local allgather brings them to every local rank.
 
-Before any data moves, every rank's ring agrees on what is called (collective, dtype, count, op,
-root) by a small max-allreduce of the descriptor and its negation: every rank sees the same
-verdict, so a disagreement between nodes is MismatchError on every rank. A failure of one node's
-part (a local mismatch, a dead local rank) closes that node's connections without a goodbye, so
-the other nodes' waits end as PeerLostError instead of hanging.
+allreduce is a local allreduce then a reduce; reduce and reduce_scatter take their part of it.
+bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum with one term is
+exact). allgather is a local allgather then a gather of the node blocks (padded to the largest
+node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank keeping its own;
+alltoall gathers every rank's blocks. So gather, scatter, reduce, reduce_scatter and alltoall move
+more than they need to: correct first; their own paths come with the move of this layer into C.
 
-The rendezvous of each ring is hbmcoll.nodes.exchange at MASTER_ADDR, port HBMCOLL_PORT (default
-MASTER_PORT + 1) plus the local rank, with the job's secret HBMCOLL_JOB_KEY, which every node must
-be given (torchrun has none). The interface is HBMCOLL_IFACE, else the one this node reaches
-MASTER_ADDR through.
+Before any data moves, every rank agrees on what is called (collective, dtype, count, op, root)
+by a small max-reduce of the descriptor and its negation along the same path: every rank sees
+the same verdict, so a disagreement anywhere is MismatchError on every rank. Any other failure
+ends the job's communicator on every rank: this node's connections close without a goodbye (the
+other nodes' waits end as PeerLostError) and the node's communicator is aborted.
+
+Nonblocking calls (i-variants) run in call order on one thread of the communicator; a blocking
+call waits for those before it and then runs in the caller's thread.
 """
 import atexit
-import fcntl
-import socket
-import struct
-import sys
+import queue
+import threading
 import zlib
 
 import numpy as np
 
-from . import _core, nodes
-from .errors import ArgumentError, MismatchError, NotSupportedError
-from .launch_env import MultiNodeError
+from . import _core
+from .comm import _empty_like, _shape
+from .errors import ArgumentError, Error, MismatchError, NotSupportedError, TimeoutError
 
-SIOCGIFADDR = 0x8915
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
 
 
-def iface_to(addr):
-    """The name of the interface whose address this host uses to reach addr."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))
-        mine = s.getsockname()[0]
-        for _, name in socket.if_nameindex():
-            try:
-                got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue
-            if socket.inet_ntoa(got[20:24]) == mine:
-                return name
-    raise ArgumentError(f"no interface of this host has the address {mine} it reaches {addr} from; "
-                        "set HBMCOLL_IFACE")
+def _is_np(x):
+    return isinstance(x, np.ndarray)
 
 
-def where(env):
-    """(node, master address, base port) of a torchrun job spanning nodes."""
-    missing = [v for v in ("GROUP_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in env]
-    if missing:
-        raise MultiNodeError("the job's ranks span several nodes, and across nodes hbmcoll follows torchrun "
-                             f"so far (GROUP_RANK, MASTER_ADDR, MASTER_PORT); this launch lacks "
-                             f"{', '.join(missing)}: run all ranks on one node, or start them with torchrun")
-    if not env.get("HBMCOLL_JOB_KEY"):
-        raise ArgumentError("a job across nodes needs a secret its nodes share: set HBMCOLL_JOB_KEY to "
-                            "the same random string on every node (e.g. `openssl rand -hex 16`)")
-    base = int(env.get("HBMCOLL_PORT") or int(env["MASTER_PORT"]) + 1)
-    return int(env["GROUP_RANK"]), env["MASTER_ADDR"], base
+def _raw(x):
+    """A 1-D uint8 NumPy view of a contiguous NumPy array or CPU torch tensor."""
+    if _is_np(x):
+        return x.reshape(-1).view(np.uint8)
+    import torch
+    return x.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _flat(x):
-    """A 1-D view of a contiguous NumPy array or torch tensor."""
-    return x.reshape(-1) if isinstance(x, np.ndarray) else x.view(-1)
+    return x.reshape(-1) if _is_np(x) else x.view(-1)
 
 
-def _zeros_like(flat, n):
-    return np.zeros(n, dtype=flat.dtype) if isinstance(flat, np.ndarray) else flat.new_zeros(n)
+def _is_float(x):
+    return x.dtype.kind == "f" if _is_np(x) else x.is_floating_point()
 
 
-def _bytes(flat):
-    if isinstance(flat, np.ndarray):
-        return flat.view(np.uint8)
-    import torch
-    return flat.view(torch.uint8)
+def _dtype_name(x):
+    return str(x.dtype)
 
 
-def _is_float(flat):
-    return flat.dtype.kind == "f" if isinstance(flat, np.ndarray) else flat.is_floating_point()
+class Request:
+    """A collective in flight across nodes. wait() returns its result."""
+
+    def __init__(self, result):
+        self._result, self._error = result, None
+        self._event = threading.Event()
+
+    def wait(self, timeout=None):
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"the collective did not finish in {timeout} s; it is still in flight")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def test(self):
+        return self._event.is_set()
+
+    @property
+    def done(self):
+        return self._event.is_set()
 
 
 class NodesCommunicator:
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
-    def __init__(self, local, bridge, watch, rank, size, node, nnodes, timeout):
-        self._local, self._bridge, self._watch = local, bridge, watch
-        self.rank, self.size, self.node, self.nodes = rank, size, node, nnodes
+    def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher):
+        self._local, self._layout, self._bridge, self._watch = local, layout, bridge, watch
+        self.rank, self.size, self.launcher = rank, size, launcher
+        self.node, self.nodes = layout.node, len(layout.nodes)
         self.local_rank, self.local_size = local.rank, local.size
+        self._placement = local._placement
         self._timeout = timeout or 0
-        self._closed = False
-        # the goodbye is collective: a process that exits without close() would look lost
-        atexit.register(self.close)
+        widest = max(len(r) for r in layout.nodes)
+        # where rank r's block sits among the node blocks (padded to the widest node)
+        self._order = np.array([layout.place(r)[0] * widest + layout.place(r)[1] for r in range(size)])
+        self._widest = widest
+        self._closed = self._failed = False
+        self._lock = threading.Lock()           # held while a collective runs
+        self._queue, self._worker, self._last = queue.Queue(), None, None
+        local._c.allow_any_thread()             # this class orders the calls itself
+        atexit.register(self.close)             # the goodbye is collective: see close()
 
     def __repr__(self):
+        where = self._bridge.describe() if self._bridge is not None else "no bridge endpoint (beyond the rings)"
         return (f"<hbmcoll NodesCommunicator rank {self.rank} of {self.size}, node {self.node} of "
-                f"{self.nodes}, {self._bridge.describe()}>")
+                f"{self.nodes}, {where}>")
 
-    def _guard(self, fn):
-        """Run fn; any failure ends the other nodes' waits too (close() then says no goodbye)."""
-        try:
-            return fn()
-        except BaseException:
-            self._watch.abort()
-            raise
+    @property
+    def closed(self):
+        return self._closed
 
-    def _agree(self, name, flat, op, root):
+    # -- running calls in order --------------------------------------------------------------
+    def _run(self, fn):
+        """Run fn in order with the other calls; any failure but a mismatch ends the job's communicator."""
+        if self._closed:
+            raise ArgumentError("the communicator is closed")
+        if self._failed:
+            raise Error("an earlier collective across nodes failed; this communicator is finished")
+        with self._lock:
+            try:
+                return fn()
+            except MismatchError:
+                raise
+            except BaseException:
+                self._failed = True
+                if self._watch is not None:
+                    self._watch.abort()
+                self._local.abort()
+                raise
+
+    def _call(self, fn):
+        last = self._last
+        if last is not None:
+            last._event.wait()
+        return self._run(fn)
+
+    def _start(self, fn, result):
+        req = Request(result)
+        self._last = req
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="hbmcoll-across", daemon=True)
+            self._worker.start()
+        self._queue.put((fn, req))
+        return req
+
+    def _serve(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, req = item
+            try:
+                self._run(fn)
+            except BaseException as exc:
+                req._error = exc
+            req._event.set()
+
+    def _allow_any_thread(self):
+        """Calls come in the same order on every rank, from any thread (torch's contract)."""
+
+    # -- the two moves between nodes ------------------------------------------------------------
+    def _reduce_across(self, flat, code):
+        """flat (1-D, the node's result on every local rank) reduced across the nodes, in place."""
+        n, L, R, me = len(flat), self.local_size, self._layout.rings, self.local_rank
+        S = -(-n // R)
+        lo, hi = min(me * S, n), min((me + 1) * S, n)
+        if me < R and self.nodes > 1:
+            self._bridge.allreduce(flat[lo:hi], code, self._timeout)
+        if L > 1:
+            tmp = _empty_like(flat, (L * S,))
+            if me < R:
+                tmp[me * S:me * S + (hi - lo)] = flat[lo:hi]
+            self._local.allgather(tmp[me * S:(me + 1) * S], out=tmp)
+            flat[:] = tmp[:n]
+
+    def _gather_across(self, raw):
+        """Every node's block (raw: uint8, the same length on every node and the same bytes on
+        every local rank) on every rank: an (nodes, len) uint8 array."""
+        B, L, R, N, me = len(raw), self.local_size, self._layout.rings, self.nodes, self.local_rank
+        S = -(-B // R) if B else 0
+        piece = np.zeros(N * S, np.uint8)
+        if me < R:
+            part = raw[me * S:min((me + 1) * S, B)]
+            piece[self.node * S:self.node * S + len(part)] = part
+            if N > 1 and S:
+                self._bridge.allgather(piece, self._timeout)
+        every = piece.reshape(1, N * S)
+        if L > 1:
+            every = np.empty((L, N * S), np.uint8)
+            self._local.allgather(piece, out=every)
+        return every[:R].reshape(R, N, S).transpose(1, 0, 2).reshape(N, R * S)[:, :B]
+
+    def _agree(self, name, buf, op, root):
         """MismatchError on every rank unless all called name with the same dtype, count, op, root."""
-        dt = str(flat.dtype)
-        mine = np.array([zlib.crc32(name.encode()), zlib.crc32(dt.encode()), len(flat),
+        dt = _dtype_name(buf) if buf is not None else "-"
+        count = (buf.numel() if hasattr(buf, "numel") else buf.size) if buf is not None else -1
+        mine = np.array([zlib.crc32(name.encode()), zlib.crc32(dt.encode()), count,
                          zlib.crc32(str(op).encode()), root], dtype=np.int64)
         both = np.concatenate([mine, -mine])
-        self._guard(lambda: self._bridge.allreduce(both, _core.MAX, self._timeout))
+        self._local.allreduce(both, op="max")
+        self._reduce_across(both, _core.MAX)
         if not np.array_equal(both[:5], -both[5:]):
-            raise MismatchError(f"ranks on different nodes disagree on the arguments of {name} (this rank: "
-                                f"{dt} x {len(flat)}, op {op}, root {root}): every rank must call the same "
+            raise MismatchError(f"ranks disagree on the arguments of {name} (this rank, on node {self.node}: "
+                                f"{dt} x {count}, op {op}, root {root}): every rank must call the same "
                                 "collectives in the same order with the same arguments")
 
-    def _across(self, flat, code):
-        """flat (1-D, the node's result on every local rank) reduced across the nodes, in place."""
-        n, L, me = len(flat), self.local_size, self.local_rank
-        S = -(-n // L)
-        lo, hi = min(me * S, n), min((me + 1) * S, n)
-        self._guard(lambda: self._bridge.allreduce(flat[lo:hi], code, self._timeout))
-        if L > 1:
-            tmp = _zeros_like(flat, L * S)
-            tmp[me * S:me * S + (hi - lo)] = flat[lo:hi]
-            self._guard(lambda: self._local.allgather(tmp[me * S:(me + 1) * S], out=tmp))
-            flat[:] = tmp[:n]
+    def _root(self, root):
+        if root.__class__ is not int or not 0 <= root < self.size:
+            raise ArgumentError(f"root {root!r} is not a rank of this communicator (size {self.size})")
+        return root
+
+    @staticmethod
+    def _op(op, buf):
+        if op == "avg":
+            if not _is_float(buf):
+                raise ArgumentError("op='avg' takes floating-point buffers")
+            return "sum"
+        if op not in _CODES:
+            raise ArgumentError(f"op={op!r}: across nodes sum, prod, min, max or avg")
+        return op
+
+    # -- the collectives: each checks its arguments, then runs as one call in order ------------------
+    def _allreduce(self, buf, op, out):
+        base = self._op(op, buf)
+        self._agree("allreduce", buf, op, -1)
+        self._local.allreduce(buf, op=base, out=out)
+        self._reduce_across(_flat(out), _CODES[base])
+        if op == "avg":
+            _flat(out)[:] /= self.size
+        return out
+
+    def _bcast(self, buf, root):
+        self._agree("bcast", buf, "-", root)
+        node, local_root = self._layout.place(root)
+        raw = _raw(buf)
+        if node == self.node:
+            self._local.bcast(buf, root=local_root)
+        else:
+            raw[:] = 0
+        self._reduce_across(raw, _core.SUM)
+        return buf
+
+    def _allgather(self, buf, out, name="allgather", root=-1):
+        self._agree(name, buf, "-", root)
+        mine = self._local.allgather(buf)
+        b = len(_raw(buf))
+        block = np.zeros(self._widest * b, np.uint8)
+        block[:self.local_size * b] = _raw(mine)
+        every = self._gather_across(block).reshape(self.nodes * self._widest, b)
+        _raw(out).reshape(self.size, b)[:] = every[self._order]
+        return out
 
     def allreduce(self, buf, op="sum", out=None):
         """Reduce buf over all ranks of all nodes; the result goes to out (default: buf)."""
         out = buf if out is None else out
-        avg = op == "avg"
-        if not avg and op not in _CODES:
-            raise ArgumentError(f"op={op!r}: across nodes sum, prod, min, max or avg")
-        if avg and not _is_float(_flat(buf)):
-            raise ArgumentError("op='avg' across nodes takes floating-point buffers")
-        self._agree("allreduce", _flat(buf), op, -1)
-        self._guard(lambda: self._local.allreduce(buf, op="sum" if avg else op, out=out))
-        flat = _flat(out)
-        self._across(flat, _CODES["sum" if avg else op])
-        if avg:
-            flat /= self.size
-        return out
+        return self._call(lambda: self._allreduce(buf, op, out))
+
+    def iallreduce(self, buf, op="sum", out=None):
+        out = buf if out is None else out
+        return self._start(lambda: self._allreduce(buf, op, out), out)
+
+    def reduce(self, buf, op="sum", root=0, out=None):
+        """Reduce buf over all ranks into root's out (default: buf); others get None."""
+        return self._call(self._reduce_fn(buf, op, root, out)[0])
+
+    def ireduce(self, buf, op="sum", root=0, out=None):
+        return self._start(*self._reduce_fn(buf, op, root, out))
+
+    def _reduce_fn(self, buf, op, root, out):
+        root = self._root(root)
+        res = (buf if out is None else out) if self.rank == root else None
+
+        def fn():
+            tmp = _empty_like(buf, _shape(buf))
+            self._allreduce(buf, op, tmp)
+            if res is not None:
+                _flat(res)[:] = _flat(tmp)
+            return res
+        return fn, res
 
     def bcast(self, buf, root=0):
         """buf of rank root to every rank, in place."""
-        if not 0 <= root < self.size:
-            raise ArgumentError(f"root={root} is outside 0..{self.size - 1}")
-        L = self.local_size
-        flat = _flat(buf)
-        raw = _bytes(flat)
-        self._agree("bcast", flat, "-", root)
-        if root // L == self.node:
-            self._guard(lambda: self._local.bcast(buf, root=root % L))
-        else:
-            raw[:] = 0
-        self._across(raw, _core.SUM)
-        return buf
+        root = self._root(root)
+        return self._call(lambda: self._bcast(buf, root))
+
+    def ibcast(self, buf, root=0):
+        root = self._root(root)
+        return self._start(lambda: self._bcast(buf, root), buf)
 
     def barrier(self):
         self.allreduce(np.zeros(1, dtype=np.int32))
 
+    def ibarrier(self):
+        return self.iallreduce(np.zeros(1, dtype=np.int32))
+
+    def allgather(self, buf, out=None):
+        """Every rank gets out of shape (size, *buf.shape)."""
+        out = _empty_like(buf, (self.size,) + _shape(buf)) if out is None else out
+        return self._call(lambda: self._allgather(buf, out))
+
+    def iallgather(self, buf, out=None):
+        out = _empty_like(buf, (self.size,) + _shape(buf)) if out is None else out
+        return self._start(lambda: self._allgather(buf, out), out)
+
+    def gather(self, buf, root=0, out=None):
+        """Root gets out of shape (size, *buf.shape); others get None."""
+        return self._call(self._gather_fn(buf, root, out)[0])
+
+    def igather(self, buf, root=0, out=None):
+        return self._start(*self._gather_fn(buf, root, out))
+
+    def _gather_fn(self, buf, root, out):
+        root = self._root(root)
+        res = None
+        if self.rank == root:
+            res = _empty_like(buf, (self.size,) + _shape(buf)) if out is None else out
+
+        def fn():
+            every = self._allgather(buf, _empty_like(buf, (self.size,) + _shape(buf)), "gather", root)
+            if res is not None:
+                _raw(res)[:] = _raw(every)
+            return res
+        return fn, res
+
+    def scatter(self, buf, root=0, out=None):
+        """Root's buf of shape (size, *s) is split; rank i gets block i in out (shape s)."""
+        return self._call(self._scatter_fn(buf, root, out)[0])
+
+    def iscatter(self, buf, root=0, out=None):
+        return self._start(*self._scatter_fn(buf, root, out))
+
+    def _scatter_fn(self, buf, root, out):
+        root = self._root(root)
+        if out is None:
+            shp = _shape(buf) if buf is not None else ()
+            if not shp or shp[0] != self.size:
+                raise ArgumentError(f"scatter: buf's first dimension must be size ({self.size}), or pass out=")
+            out = _empty_like(buf, shp[1:])
+
+        def fn():
+            whole = _empty_like(out, (self.size,) + _shape(out))
+            if self.rank == root:
+                _raw(whole)[:] = _raw(buf)
+            self._bcast(whole, root)
+            _raw(out)[:] = _raw(whole[self.rank])
+            return out
+        return fn, out
+
+    def reduce_scatter(self, buf, op="sum", out=None):
+        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+        return self._call(self._reduce_scatter_fn(buf, op, out)[0])
+
+    def ireduce_scatter(self, buf, op="sum", out=None):
+        return self._start(*self._reduce_scatter_fn(buf, op, out))
+
+    def _reduce_scatter_fn(self, buf, op, out):
+        shp = _shape(buf)
+        if out is None:
+            if not shp or shp[0] != self.size:
+                raise ArgumentError(f"reduce_scatter: buf's first dimension must be size ({self.size}), "
+                                    "or pass out=")
+            out = _empty_like(buf, shp[1:])
+
+        def fn():
+            tmp = _empty_like(buf, shp)
+            self._allreduce(buf, op, tmp)
+            n = len(_flat(out))
+            _flat(out)[:] = _flat(tmp)[self.rank * n:(self.rank + 1) * n]
+            return out
+        return fn, out
+
+    def alltoall(self, buf, out=None):
+        """Block j of rank i's buf (first dimension size) lands in block i of rank j's out."""
+        return self._call(self._alltoall_fn(buf, out)[0])
+
+    def ialltoall(self, buf, out=None):
+        return self._start(*self._alltoall_fn(buf, out))
+
+    def _alltoall_fn(self, buf, out):
+        out = _empty_like(buf, _shape(buf)) if out is None else out
+
+        def fn():
+            every = self._allgather(buf, _empty_like(buf, (self.size,) + _shape(buf)), "alltoall")
+            b = len(_raw(buf)) // self.size
+            _raw(out).reshape(self.size, b)[:] = _raw(every).reshape(self.size, self.size, b)[:, self.rank]
+            return out
+        return fn, out
+
+    def empty(self, shape, dtype="float32"):
+        return self._local.empty(shape, dtype)
+
+    # -- ending --------------------------------------------------------------------------------
     def close(self):
         """Collective across nodes (as the endpoints must outlive the peers' last writes)."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._watch.close()
-        self._bridge.close()
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+        if self._watch is not None:
+            if self._failed:
+                self._watch.abort()
+            else:
+                self._watch.close()
+        if self._bridge is not None:
+            self._bridge.close()
         self._local.close()
+
+    def abort(self):
+        """Fail the communicator on every rank of every node."""
+        self._failed = True
+        if self._watch is not None:
+            self._watch.abort()
+        self._local.abort()
 
     def __enter__(self):
         return self
@@ -188,33 +429,5 @@ class NodesCommunicator:
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        raise NotSupportedError(f"{name}: across nodes hbmcoll has allreduce, bcast and barrier so far; "
-                                "run this collective on one node, or through gloo or MPI")
-
-
-def init(local, info, env, timeout, node, master, base):
-    """The job's NodesCommunicator, once the node's communicator `local` stands; node, master
-    and base as where(env) gave them."""
-    if info.size % info.local_size:
-        raise NotSupportedError(f"{info.size} ranks do not split evenly into nodes of {info.local_size}: "
-                                "across nodes hbmcoll needs the same ranks on every node so far")
-    nnodes = info.size // info.local_size
-    iface = env.get("HBMCOLL_IFACE") or iface_to(master)
-    bridge = _core.Bridge(iface)
-    try:
-        cards, watch = nodes.exchange(node, nnodes, master, base + info.local_rank,
-                                      env["HBMCOLL_JOB_KEY"], bridge.card(), timeout)
-    except BaseException:
-        bridge.close()
-        raise
-    left, right = (node - 1) % nnodes, (node + 1) % nnodes
-    peers = {m: bridge.add_peer(cards[m]) for m in {left, right} if m != node}
-    if nnodes > 1:
-        bridge.ring(nnodes, node, peers[left], peers[right])
-    else:
-        bridge.ring(1, 0, -1, -1)
-    bridge.watch(watch.fileno(), "the job's other nodes")
-    if info.rank == 0 and not env.get("HBMCOLL_QUIET"):
-        print(f"hbmcoll: {nnodes} nodes x {info.local_size} ranks, bridge: {bridge.describe()}",
-              file=sys.stderr, flush=True)
-    return NodesCommunicator(local, bridge, watch, info.rank, info.size, node, nnodes, timeout)
+        raise NotSupportedError(f"{name}: not built across nodes yet (the collectives, their i-variants "
+                                "and empty() are); run it on one node, or through gloo or MPI")

@@ -417,18 +417,24 @@ def init(comm=None, timeout=None):
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
-    from . import across
+    from . import across, layout
 
-    node, master, base = across.where(os.environ)  # its errors before anything waits
+    addr, base, secret = layout.meeting_point(os.environ, info.launcher)  # its errors before anything waits
     placement = _place(info)
     core = _core.Comm(info.local_rank, info.local_size, f"{info.job_key}/node.w{generation}", timeout,
                       placement)
     local = Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
     try:
-        return across.init(local, info, os.environ, timeout or env_timeout, node, master, base)
+        iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(addr)
+        lay, bridge, watch = layout.find(local, info.rank, info.size, layout.node_name(os.environ), secret,
+                                         lambda ring: (addr, base + ring), iface, timeout or env_timeout)
     except BaseException:
         local.close()
         raise
+    if info.rank == 0:
+        layout.say(lay, bridge, os.environ)
+    return across.NodesCommunicator(local, lay, bridge, watch, info.rank, info.size, timeout or env_timeout,
+                                    info.launcher)
 
 
 def _init_from_mpi(mpi_comm, generation, timeout):

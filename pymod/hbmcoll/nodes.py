@@ -2,15 +2,17 @@
 
 Member 0 listens on TCP at (addr, port); every other member connects and both sides prove they
 hold the job's secret before anything else crosses (HMAC-SHA256 over fresh nonces of both, so
-neither the secret nor a replayable answer is ever sent). Each member then sends its bridge card
-(its endpoint's address and the key of its registered pool), and member 0 answers every member
-with all cards. A peer that cannot prove the secret is refused and never sees a card.
+neither the secret nor a replayable answer is ever sent). Each member then sends its blob (its
+bridge card: its endpoint's address and the key of its registered pool; and what the node layer
+says about its node), and once all have come member 0 answers every member with all blobs, or
+with the one error that ends the job (say, two nodes that claim the same rank). A peer that
+cannot prove the secret is refused and never sees a card.
 
 The connections stay open: they are how a lost node is noticed (Watch). When a node goes away
 its connections close without a goodbye, member 0 closes all of its own, and every member's watch
 fires.
 
-    cards, watch = exchange(me, n, addr, port, secret, card, timeout)
+    blobs, watch = exchange(me, (addr, port), secret, card, members(n), timeout)
     ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
     watch.close()                         # finished (watch.abort() on a failure)
 """
@@ -154,46 +156,66 @@ class Watch:
             self._mine = None
 
 
-def _serve(n, addr, port, secret, card, deadline):
-    cards, socks = {0: card}, {}
-    with socket.create_server((addr, port), reuse_port=False) as srv:
-        while len(socks) < n - 1:
-            left = deadline - time.monotonic() if deadline else None
-            if left is not None and left <= 0:
-                missing = sorted(set(range(1, n)) - set(socks))
-                raise BootstrapError(f"member 0 waited at {addr}:{port} for the other nodes; "
-                                     f"{len(socks) + 1} of {n} came (missing: {missing})")
-            srv.settimeout(min(left, 1.0) if left is not None else 1.0)
-            try:
-                conn, _ = srv.accept()
-            except socket.timeout:
-                continue
-            try:
-                head = _recv_exact(conn, len(MAGIC) + 4 + NONCE, deadline)
-                if head[:len(MAGIC)] != MAGIC:
-                    raise ConnectionError("not an hbmcoll member")
-                (who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
-                theirs = head[len(MAGIC) + 4:]
-                mine = os.urandom(NONCE)
-                conn.sendall(mine + _proof(secret, b"server", theirs, mine))
-                answer = _recv_exact(conn, 32, deadline)
-                their_card = _recv_blob(conn, deadline)
-                if not hmac.compare_digest(answer, _proof(secret, b"client", mine, theirs, head[:len(MAGIC) + 4],
-                                                          their_card)):
-                    raise ConnectionError("it does not hold the job's secret")
-                if not 0 < who < n or who in socks:
-                    raise ConnectionError(f"member number {who} is not one this job expects")
-            except (ConnectionError, OSError, struct.error):
-                conn.close()  # refused: it never sees a card
-                continue
-            cards[who], socks[who] = their_card, conn
-    every = b"".join(struct.pack("!I", len(cards[m])) + cards[m] for m in range(n))
-    for m in range(1, n):
-        _send_blob(socks[m], every)
-    return [cards[m] for m in range(n)], Watch([socks[m] for m in range(1, n)], relay=True)
+def _serve(srv, where, secret, blob, complete, deadline):
+    blobs, socks = {0: blob}, {}
+    verdict = None
+    while verdict is None:
+        left = deadline - time.monotonic() if deadline else None
+        if left is not None and left <= 0:
+            raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
+                                 f"(members {sorted(blobs)})")
+        srv.settimeout(min(left, 1.0) if left is not None else 1.0)
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        try:
+            head = _recv_exact(conn, len(MAGIC) + 4 + NONCE, deadline)
+            if head[:len(MAGIC)] != MAGIC:
+                raise ConnectionError("not an hbmcoll member")
+            (who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
+            theirs = head[len(MAGIC) + 4:]
+            mine = os.urandom(NONCE)
+            conn.sendall(mine + _proof(secret, b"server", theirs, mine))
+            answer = _recv_exact(conn, 32, deadline)
+            their_blob = _recv_blob(conn, deadline)
+            if not hmac.compare_digest(answer, _proof(secret, b"client", mine, theirs, head[:len(MAGIC) + 4],
+                                                      their_blob)):
+                raise ConnectionError("it does not hold the job's secret")
+            if who == 0 or who in blobs:
+                raise ConnectionError(f"member number {who} came twice")
+        except (ConnectionError, OSError, struct.error):
+            conn.close()  # refused: it never sees a card
+            continue
+        blobs[who], socks[who] = their_blob, conn
+        try:
+            verdict = b"O" + _pack(blobs) if complete(blobs) else None
+        except BootstrapError as exc:
+            verdict = b"E" + str(exc).encode()
+    for s in socks.values():
+        _send_blob(s, verdict)
+    if verdict[:1] == b"E":
+        for s in socks.values():
+            s.close()
+        raise BootstrapError(verdict[1:].decode())
+    return blobs, Watch(list(socks.values()), relay=True)
 
 
-def _join(me, addr, port, secret, card, deadline):
+def _pack(blobs):
+    return b"".join(struct.pack("!II", k, len(b)) + b for k, b in sorted(blobs.items()))
+
+
+def _unpack(data):
+    blobs, at = {}, 0
+    while at < len(data):
+        k, n = struct.unpack("!II", data[at:at + 8])
+        blobs[k] = data[at + 8:at + 8 + n]
+        at += 8 + n
+    return blobs
+
+
+def _join(me, where, secret, blob, deadline):
+    addr, port = where
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=1.0)
@@ -210,9 +232,9 @@ def _join(me, addr, port, secret, card, deadline):
         theirs, proof = reply[:NONCE], reply[NONCE:]
         if not hmac.compare_digest(proof, _proof(secret, b"server", mine, theirs)):
             raise BootstrapError(f"the listener at {addr}:{port} does not hold the job's secret: refused")
-        sock.sendall(_proof(secret, b"client", theirs, mine, head, card))
-        _send_blob(sock, card)
-        every = _recv_blob(sock, deadline, limit=1 << 24)
+        sock.sendall(_proof(secret, b"client", theirs, mine, head, blob))
+        _send_blob(sock, blob)
+        verdict = _recv_blob(sock, deadline, limit=1 << 24)
     except (ConnectionError, OSError) as exc:
         sock.close()
         raise BootstrapError(f"member {me}: member 0 at {addr}:{port} refused or dropped us ({exc}); "
@@ -220,18 +242,32 @@ def _join(me, addr, port, secret, card, deadline):
     except BaseException:
         sock.close()
         raise
-    cards, at = [], 0
-    while at < len(every):
-        (n,) = struct.unpack("!I", every[at:at + 4])
-        cards.append(every[at + 4:at + 4 + n])
-        at += 4 + n
-    return cards, Watch([sock], relay=False)
+    if verdict[:1] != b"O":
+        sock.close()
+        raise BootstrapError(verdict[1:].decode())
+    return _unpack(verdict[1:]), Watch([sock], relay=False)
 
 
-def exchange(me, n, addr, port, secret, card, timeout=None):
-    """Every member's card, in member order, and this member's Watch. me == 0 listens."""
+def exchange(me, where, secret, blob, complete, timeout=None):
+    """Every member's blob by member number, and this member's Watch.
+
+    Member 0 listens at where, (addr, port) or a listening socket; member numbers are unique
+    and any others. complete(blobs), called by member 0 as members come, says when all have;
+    a BootstrapError it raises is every member's error."""
     deadline = time.monotonic() + timeout if timeout else None
     secret = secret.encode() if isinstance(secret, str) else secret
-    if me == 0:
-        return _serve(n, addr, port, secret, card, deadline)
-    return _join(me, addr, port, secret, card, deadline)
+    if me != 0:
+        return _join(me, where, secret, blob, deadline)
+    if isinstance(where, socket.socket):
+        return _serve(where, "%s:%d" % where.getsockname()[:2], secret, blob, complete, deadline)
+    with socket.create_server(where, reuse_port=False) as srv:
+        return _serve(srv, "%s:%d" % where, secret, blob, complete, deadline)
+
+
+def members(n):
+    """The complete() of a rendezvous of members 0..n-1."""
+    def complete(blobs):
+        if any(k >= n for k in blobs):
+            raise BootstrapError(f"a member numbered {max(blobs)} came to a rendezvous of {n}")
+        return len(blobs) == n
+    return complete

@@ -1,5 +1,5 @@
 /*
- * test_net_ring.c - allreduce between emulated nodes around the bridge's ring
+ * test_net_ring.c - allreduce and allgather between emulated nodes around the bridge's ring
  * (libcoll/src/net_ring.c): each member a process in its own network namespace
  * (tests/c/netns.h), tcp;ofi_rxm over the veths, cards swapped through the parent.
  *
@@ -9,6 +9,7 @@
  *  - every member ends with the same bits, also for sums of floats that are not exact
  *    (each member reports a checksum of its result, the parent compares them);
  *  - several collectives in a row on one ring (transfer numbers carry on);
+ *  - allgather of blocks from 0 bytes to 3 MiB after the allreduces, each block checked;
  *  - with 1% of the frames dropped, the same.
  * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
  */
@@ -122,6 +123,29 @@ static int join(int me, int n, int fd, const netns_t *ns, coll__net_t **net_p, c
   return 0;
 }
 
+/* Allgather of blocks from 0 bytes to several chunks: block m must hold member m's bytes. */
+static int allgather_cases(int me, int n, coll__net_ring_t *ring) {
+  size_t blocks[] = {0, 1, 1000, (3u << 20) + 5};
+  char err[256] = "";
+  int bad = 0;
+  for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+    size_t len = blocks[b];
+    uint8_t *buf = malloc(len * (size_t)n + 1);
+    memset(buf, 0xee, len * (size_t)n);
+    for (size_t i = 0; i < len; i++) buf[(size_t)me * len + i] = (uint8_t)(i * 7 + (size_t)me * 31);
+    int rc = coll__net_ring_allgather(ring, buf, len, 60, err, sizeof err);
+    if (rc) fprintf(stderr, "member %d: allgather of %zu: %d %s\n", me, len, rc, err), bad++;
+    for (size_t i = 0; rc == 0 && i < len * (size_t)n; i++)
+      if (buf[i] != (uint8_t)((i % len) * 7 + (i / len) * 31)) {
+        fprintf(stderr, "member %d: allgather of %zu: byte %zu wrong\n", me, len, i);
+        bad++;
+        break;
+      }
+    free(buf);
+  }
+  return bad;
+}
+
 static int member(int me, int n, int fd, const netns_t *ns) {
   char err[256] = "";
   coll__net_t *net = NULL;
@@ -159,6 +183,7 @@ static int member(int me, int n, int fd, const netns_t *ns) {
       }
     }
   }
+  bad += allgather_cases(me, n, ring);
   coll__net_ring_free(ring);
   char done;
   if (read(fd, &done, 1) != 1) return 17; /* every member finished before any endpoint closes */
@@ -286,8 +311,8 @@ static void run_ring(const char *name, int n, int loss_pct) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
-  if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count", 2, 0);
-  if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count", 3, 0);
+  if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count, allgather", 2, 0);
+  if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count, allgather", 3, 0);
   if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang", 0);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies, watched: peer lost at once", 1);

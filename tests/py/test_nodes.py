@@ -26,7 +26,7 @@ me, n, secret, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int
 wait = 4 if mode == "refused" else 20
 bridge = _core.Bridge("hbnet0")
 try:
-    cards, watch = nodes.exchange(me, n, "10.77.0.1", port, secret, bridge.card(), timeout=wait)
+    cards, watch = nodes.exchange(me, ("10.77.0.1", port), secret, bridge.card(), nodes.members(n), timeout=wait)
 except hbmcoll.Error as e:
     print("refused:", type(e).__name__, e, flush=True)
     sys.exit(3)
@@ -75,7 +75,7 @@ def test_a_member_without_the_secret_is_refused(three_nodes):
     rc1, out1, _ = res[1]
     assert rc1 == 3 and "does not hold the job's secret" in out1, out1
     rc0, out0, _ = res[0]
-    assert rc0 == 3 and "missing: [1]" in out0, out0
+    assert rc0 == 3 and "(members [0, 2])" in out0, out0
 
 
 def test_a_killed_node_is_peer_lost_everywhere(three_nodes):

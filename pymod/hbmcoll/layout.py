@@ -1,0 +1,203 @@
+"""Who is on which node, and the bridge's rings between the nodes, for hbmcoll.init() across nodes.
+
+Every launcher tells a rank its local rank and how many ranks share its node; the node's ranks
+already stand as a communicator over shared memory. What no launcher says in the same way is
+which global ranks the other nodes hold (mpiexec may place ranks round-robin, torchrun may give
+nodes different counts), so the nodes tell each other:
+
+1. The node's ranks allgather their global ranks over shared memory.
+2. Local rank 0 of every node opens a bridge endpoint and meets the others at the rendezvous
+   (hbmcoll.nodes, authenticated by the job's secret), bringing its node's name and ranks with its
+   card. The node holding rank 0 listens. It checks that the nodes' ranks cover 0..size-1 once
+   each and that no two nodes share a name; otherwise every rank gets that one error. Nodes are
+   numbered by their lowest rank, so node 0 holds rank 0.
+3. Local rank 0 hands the layout to its node's other ranks.
+4. There is one ring per local rank that every node has (the fewest ranks of any node): local rank
+   l of every node joins ring l at the rendezvous port + l. Local ranks beyond that have no
+   endpoint; their data goes with their node's ring carriers.
+
+A node's name is HBMCOLL_NODE, else its hostname. The rendezvous (meeting_point) is at
+HBMCOLL_MASTER, else MASTER_ADDR (torchrun sets it; under mpiexec and srun set it as for torch's
+env:// init), else under srun the first node of the step; port HBMCOLL_PORT, else MASTER_PORT + 1
+(MASTER_PORT itself is torch's store), else 29600; the job's secret is HBMCOLL_JOB_KEY. The
+bridge's interface is HBMCOLL_IFACE, else the one this node reaches the rendezvous through.
+"""
+import fcntl
+import json
+import re
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _core, nodes
+from .errors import ArgumentError, BootstrapError
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: tuple   # per node, its global ranks by local rank; node 0 holds rank 0
+    names: tuple   # per node, its name
+    node: int      # this rank's node
+
+    @property
+    def rings(self):
+        """How many rings join the nodes: the fewest ranks any node has."""
+        return min(len(r) for r in self.nodes)
+
+    def place(self, rank):
+        """(node, local rank) of a global rank."""
+        for i, ranks in enumerate(self.nodes):
+            if rank in ranks:
+                return i, ranks.index(rank)
+        raise ArgumentError(f"rank {rank} is on no node of this job")
+
+
+SIOCGIFADDR = 0x8915
+
+
+def _first_host(nodelist):
+    """The first host of a Slurm node list: 'kn[03-05,9],gpu1' -> 'kn03'."""
+    m = re.match(r"([^,\[]+)(?:\[([^-,\]]+))?", nodelist)
+    return m.group(1) + (m.group(2) or "") if m else None
+
+
+def meeting_point(env, launcher):
+    """(address, base port, secret) where the job's nodes meet; one clear error if not given."""
+    addr = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
+    if not addr and launcher == "srun":
+        addr = _first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+    if not addr:
+        raise ArgumentError(f"the job's ranks span several nodes ({launcher}); say where the nodes meet: set "
+                            "MASTER_ADDR (or HBMCOLL_MASTER) to the address of rank 0's node on every node")
+    if not env.get("HBMCOLL_JOB_KEY"):
+        raise ArgumentError("a job across nodes needs a secret its nodes share: set HBMCOLL_JOB_KEY to "
+                            "the same random string on every node (e.g. `openssl rand -hex 16`)")
+    text = env.get("HBMCOLL_PORT") or ""
+    try:
+        base = int(text) if text else int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else 29600
+    except ValueError:
+        raise ArgumentError(f"HBMCOLL_PORT={text!r} / MASTER_PORT={env.get('MASTER_PORT')!r}: "
+                            "give a TCP port number") from None
+    if not 0 < base < 65536 - 256:
+        raise ArgumentError(f"the nodes' base port {base} (HBMCOLL_PORT, MASTER_PORT + 1) is out of range")
+    return addr, base, env["HBMCOLL_JOB_KEY"]
+
+
+def iface_to(addr):
+    """The name of the interface whose address this host uses to reach addr."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            mine = s.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:
+                    got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+                except OSError:
+                    continue
+                if socket.inet_ntoa(got[20:24]) == mine:
+                    return name
+    except OSError as exc:
+        raise ArgumentError(f"no route from this node to the rendezvous at {addr} ({exc}); check MASTER_ADDR "
+                            "/ HBMCOLL_MASTER, or set HBMCOLL_IFACE") from None
+    raise ArgumentError(f"no interface of this host has the address {mine} it reaches {addr} from; "
+                        "set HBMCOLL_IFACE")
+
+
+def node_name(env):
+    return env.get("HBMCOLL_NODE") or socket.gethostname()
+
+
+def _check(size):
+    """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once."""
+    def complete(blobs):
+        heads = {k: json.loads(b.split(b"\0", 1)[0]) for k, b in blobs.items()}
+        seen = sorted(r for h in heads.values() for r in h["ranks"])
+        if len(seen) < size and len(set(seen)) == len(seen):
+            return False
+        if seen != list(range(size)):
+            raise BootstrapError(f"the nodes' ranks do not make one job of {size}: the nodes that came "
+                                 f"hold {seen}; is every node's launch for the same job and size?")
+        names = [h["name"] for h in heads.values()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise BootstrapError(f"several nodes call themselves {', '.join(twice)}; give each node its own "
+                                 "name with HBMCOLL_NODE (by default the hostname)")
+        return True
+    return complete
+
+
+def _share(local, blob):
+    """Local rank 0's blob on every local rank (bytes)."""
+    n = np.array([len(blob) if local.rank == 0 else 0], dtype=np.int64)
+    local.bcast(n)
+    buf = np.frombuffer(blob, dtype=np.uint8).copy() if local.rank == 0 else np.empty(int(n[0]), np.uint8)
+    local.bcast(buf)
+    return buf.tobytes()
+
+
+def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4 << 20):
+    """(layout, bridge or None, watch or None) of this rank; where_of(l) is the rendezvous of
+    ring l ((addr, port), or for the member that listens, possibly a listening socket)."""
+    ranks = [int(r) for r in local.allgather(np.array([rank], dtype=np.int64)).reshape(-1)]
+    bridge = watch = None
+    try:
+        said = b""
+        if local.rank == 0:
+            try:
+                bridge = _core.Bridge(iface, pool_bytes)
+                head = json.dumps({"name": name, "ranks": ranks}).encode()
+                blobs, watch = nodes.exchange(min(ranks), where_of(0), secret, head + b"\0" + bridge.card(),
+                                              _check(size), timeout)
+                parts = [blobs[k].split(b"\0", 1) for k in sorted(blobs)]
+                heads = [json.loads(h) for h, _ in parts]
+                said = json.dumps({"nodes": [h["ranks"] for h in heads], "names": [h["name"] for h in heads]})
+                cards = [c for _, c in parts]
+            except Exception as exc:  # the node's other ranks wait for the layout: they get the same error
+                said = json.dumps({"error": type(exc).__name__, "why": str(exc)})
+                _share(local, said.encode())
+                raise
+        said = json.loads(_share(local, said.encode() if said else b""))
+        if "error" in said:
+            raise BootstrapError(f"local rank 0 of this node failed to meet the other nodes: {said['why']}")
+        layout = Layout(tuple(tuple(r) for r in said["nodes"]), tuple(said["names"]),
+                        [i for i, r in enumerate(said["nodes"]) if rank in r][0])
+        if 0 < local.rank < layout.rings:
+            bridge = _core.Bridge(iface, pool_bytes)
+            got, watch = nodes.exchange(layout.node, where_of(local.rank), secret, bridge.card(),
+                                        nodes.members(len(layout.nodes)), timeout)
+            cards = [got[i] for i in range(len(layout.nodes))]
+        if bridge is not None:
+            _ring(bridge, layout, cards)
+            bridge.watch(watch.fileno(), "the job's other nodes")
+        return layout, bridge, watch
+    except BaseException as exc:
+        if not isinstance(exc, BootstrapError):
+            local.abort()  # the node's other ranks may wait in a collective with this one
+        if watch is not None:
+            watch.abort()
+        if bridge is not None:
+            bridge.close()
+        raise
+
+
+def _ring(bridge, layout, cards):
+    n, me = len(layout.nodes), layout.node
+    if n == 1:
+        bridge.ring(1, 0, -1, -1)
+        return
+    left, right = (me - 1) % n, (me + 1) % n
+    peers = {m: bridge.add_peer(cards[m]) for m in {left, right}}
+    bridge.ring(n, me, peers[left], peers[right])
+
+
+def say(layout, bridge, env):
+    """The one line rank 0 prints about the job's nodes."""
+    if env.get("HBMCOLL_QUIET"):
+        return
+    counts = sorted({len(r) for r in layout.nodes})
+    per = f"{counts[0]} ranks" if len(counts) == 1 else f"{'/'.join(str(len(r)) for r in layout.nodes)} ranks"
+    print(f"hbmcoll: {len(layout.nodes)} nodes x {per}, {layout.rings} ring(s), bridge: {bridge.describe()}",
+          file=sys.stderr, flush=True)
