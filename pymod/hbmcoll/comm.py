@@ -440,12 +440,55 @@ def _init_across_nodes(info, generation, timeout, env_timeout):
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
-    hosts = mpi_comm.allgather(socket.gethostname())
-    if len(set(hosts)) > 1:
-        raise NotSupportedError(f"the MPI communicator spans {len(set(hosts))} nodes; across nodes "
-                                f"hbmcoll follows torchrun so far, so it needs all these ranks on one node")
+    from . import layout
+
+    names = mpi_comm.allgather(layout.node_name(os.environ))
+    if len(set(names)) > 1:
+        return _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout)
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
     placement = _place(info)
     core = _core.Comm(rank, size, f"{info.job_key}/w{generation}", timeout, placement)
     return Communicator(core, rank, size, "mpi4py", placement)
+
+
+def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
+    """The MPI communicator spans nodes (names: each rank's node name): the nodes meet as under a
+    launcher, at rendezvous that node 0's ring carriers open on ports of their choosing, told
+    to everyone over MPI with the job's secret."""
+    from . import across, layout
+
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    here = [r for r in range(size) if names[r] == names[rank]]
+    local_rank, local_size = here.index(rank), len(here)
+    order = list(dict.fromkeys(names))  # nodes by lowest rank
+    rings = min(names.count(n) for n in order)
+    listener = None
+    if names[rank] == names[0] and local_rank < rings:
+        listener = socket.create_server((layout.listen_address(os.environ), 0))
+    where = mpi_comm.allgather(listener.getsockname()[:2] if listener else None)
+    secret = mpi_comm.bcast(secrets.token_hex(32) if rank == 0 else None, root=0)
+    node0 = [r for r in range(size) if names[r] == names[0]]
+    env_timeout = _core.env_check()
+    try:
+        info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                                     job_key=f"mpi.{os.getuid()}.{key}/{order.index(names[rank])}",
+                                     launcher="mpi4py")
+        placement = _place(info)
+        core = _core.Comm(local_rank, local_size, f"{info.job_key}/w{generation}", timeout, placement)
+        local = Communicator(core, local_rank, local_size, "mpi4py", placement)
+        try:
+            iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(where[0][0])
+            lay, bridge, watch = layout.find(
+                local, rank, size, names[rank], secret,
+                lambda ring: listener if ring == local_rank and listener else tuple(where[node0[ring]]),
+                iface, timeout or env_timeout)
+        except BaseException:
+            local.close()
+            raise
+    finally:
+        if listener is not None:
+            listener.close()
+    if rank == 0:
+        layout.say(lay, bridge, os.environ)
+    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, "mpi4py")

@@ -106,6 +106,30 @@ def iface_to(addr):
                         "set HBMCOLL_IFACE")
 
 
+def iface_address(name):
+    """The IPv4 address of interface `name`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError as exc:
+            raise ArgumentError(f"HBMCOLL_IFACE={name!r}: no IPv4 address on it ({exc.strerror})") from None
+    return socket.inet_ntoa(got[20:24])
+
+
+def listen_address(env):
+    """Where this node can be reached by the others, for a rendezvous it serves itself (mpi4py)."""
+    addr = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
+    if addr:
+        return addr
+    if env.get("HBMCOLL_IFACE"):
+        return iface_address(env["HBMCOLL_IFACE"])
+    addr = socket.gethostbyname(socket.gethostname())
+    if addr.startswith("127."):
+        raise ArgumentError(f"this node's name resolves to {addr}, which the other nodes cannot reach: set "
+                            "HBMCOLL_IFACE to the interface toward them")
+    return addr
+
+
 def node_name(env):
     return env.get("HBMCOLL_NODE") or socket.gethostname()
 

@@ -1,7 +1,13 @@
 """hbmcoll-run: start N ranks of a program on this node.
 
     python -m hbmcoll.run -n N [--bind share|core|cluster|none] [--memory POLICY] [--timeout SECONDS]
-                          [--tag-output] (prog [args...] | -m module [args...])
+                          [--tag-output] [--nnodes K --node-rank R --master ADDR[:PORT]]
+                          (prog [args...] | -m module [args...])
+
+Across nodes, run it on each of the K nodes with the same -n, --nnodes and --master (the address
+of node 0) and the node's own --node-rank, and the same HBMCOLL_JOB_KEY in every node's
+environment: node R's ranks are R*N .. R*N+N-1, and the nodes meet at ADDR (port PORT + 1,
+PORT defaulting to 29500 and left to torch's store), as under torchrun.
 
 Each rank gets HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/JOB_KEY (read by hbmcoll.launch_env) and
 torch's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, so torch scripts
@@ -49,7 +55,7 @@ def _sibling(name):
 
 launch_env = _sibling("launch_env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout"}
+VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master"}
 PR_SET_PDEATHSIG = 1
 
 
@@ -113,7 +119,33 @@ def _parser():
                         "not a time limit for the job")
     p.add_argument("--tag-output", action="store_true",
                    help="prefix each output line with '[rank] '")
+    p.add_argument("--nnodes", type=int, default=1, metavar="K", help="nodes of the job (default 1)")
+    p.add_argument("--node-rank", type=int, metavar="R", help="this node's number, 0..K-1")
+    p.add_argument("--master", metavar="ADDR[:PORT]",
+                   help="node 0's address, where the nodes meet (PORT default 29500)")
     return p
+
+
+def _nodes_env(args, parser):
+    """What a launch across nodes adds to every rank's environment (nothing on one node)."""
+    if args.nnodes < 1:
+        parser.error(f"--nnodes must be >= 1, got {args.nnodes}")
+    if args.nnodes == 1:
+        if args.node_rank not in (None, 0) or args.master:
+            parser.error("--node-rank and --master go with --nnodes K > 1")
+        return {"HBMCOLL_JOB_KEY": secrets.token_hex(16),  # secret, unique per launch
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    if args.node_rank is None or args.master is None:
+        parser.error("across nodes give every node --node-rank R and --master ADDR[:PORT] (node 0's address)")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank {args.node_rank} is outside 0..{args.nnodes - 1}")
+    if not os.environ.get("HBMCOLL_JOB_KEY"):
+        parser.error("across nodes every node needs the same secret: set HBMCOLL_JOB_KEY "
+                     "(e.g. to `openssl rand -hex 16`, shared with the other nodes)")
+    addr, _, port = args.master.rpartition(":") if ":" in args.master else (args.master, "", "29500")
+    if not port.isdigit() or not 0 < int(port) < 65536 - 256:
+        parser.error(f"--master {args.master!r}: the port must be a number below 65280")
+    return {"HBMCOLL_MASTER": addr, "MASTER_ADDR": addr, "MASTER_PORT": port}
 
 
 def _command(prog_argv, module):
@@ -188,14 +220,15 @@ class _Job:
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
 
-    def start(self, cmd, env, n, threads):
+    def start(self, cmd, env, n, threads, first=0):
+        """Ranks first .. first+n-1 of the job, local ranks 0 .. n-1."""
         preexec = _pdeathsig_preexec()
         out = subprocess.PIPE if self.tag else None
         for rank in range(n):
             if any(sig in FORWARDED for sig in self.pending):
                 break  # told to stop while starting: start no more
-            renv = dict(env, HBMCOLL_RANK=str(rank), HBMCOLL_LOCAL_RANK=str(rank),
-                        RANK=str(rank), LOCAL_RANK=str(rank))
+            renv = dict(env, HBMCOLL_RANK=str(first + rank), HBMCOLL_LOCAL_RANK=str(rank),
+                        RANK=str(first + rank), LOCAL_RANK=str(rank))
             for var in launch_env.THREAD_VARS:
                 renv.setdefault(var, str(threads[rank]))
             try:
@@ -316,11 +349,9 @@ def main(argv=None):
         parser.error(f"HBMCOLL_KILL_GRACE={os.environ['HBMCOLL_KILL_GRACE']!r} "
                      "is not a number >= 0")
 
-    n = str(args.n)
-    env = dict(os.environ, HBMCOLL_SIZE=n, HBMCOLL_LOCAL_SIZE=n,
-               HBMCOLL_JOB_KEY=secrets.token_hex(16),  # secret, unique per launch
-               WORLD_SIZE=n, LOCAL_WORLD_SIZE=n,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    n, size = str(args.n), str(args.n * args.nnodes)
+    env = dict(os.environ, HBMCOLL_SIZE=size, HBMCOLL_LOCAL_SIZE=n, WORLD_SIZE=size, LOCAL_WORLD_SIZE=n,
+               **_nodes_env(args, parser))
     for var, value in (("HBMCOLL_BIND", args.bind), ("HBMCOLL_MEMORY", args.memory),
                        ("HBMCOLL_TIMEOUT", args.timeout)):
         if value is not None:
@@ -336,7 +367,7 @@ def main(argv=None):
     for sig in (*FORWARDED, signal.SIGTSTP):
         if signal.getsignal(sig) != signal.SIG_IGN:  # keep what our caller ignored (nohup, &)
             signal.signal(sig, job.on_signal)
-    job.start(_command(prog_argv, module), env, args.n, threads)
+    job.start(_command(prog_argv, module), env, args.n, threads, (args.node_rank or 0) * args.n)
     return job.wait()
 
 

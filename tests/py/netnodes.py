@@ -73,6 +73,23 @@ class NetNodes:
             f"drops '{{ type filter hook forward priority 0 ; }}' && ip netns exec {b} nft add rule bridge "
             f"hbloss drops numgen random mod 100 '<' {pct} drop")
 
+    def ssh_stand_in(self, path):
+        """Write at path a stand-in for ssh (for mpiexec's launchers): `path [opts] ADDR CMD` runs CMD
+        in the node that has address ADDR, as popen() would; returns path."""
+        cases = "\n".join(f'  {a}) ns={m}; name=node{i};;' for i, (a, m) in enumerate(zip(self.addrs, self.names)))
+        with open(path, "w") as f:
+            f.write(f"""#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "ssh stand-in: $host is no emulated node" >&2; exit 255;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*"
+""")
+        os.chmod(path, 0o755)
+        return path
+
     def popen(self, i, argv, **kw):
         """argv run in node i's network (and its own hostname, node<i>)."""
         return subprocess.Popen(["ip", "netns", "exec", self.names[i], "unshare", "--uts", "sh", "-c",

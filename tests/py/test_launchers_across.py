@@ -1,0 +1,94 @@
+"""hbmcoll.init() across emulated nodes (netnodes.py) under each launcher but torchrun
+(test_across_nodes.py), every rank running across_job.py (every collective against NumPy):
+
+- hbmcoll-run on each node with --nnodes 2 --node-rank R --master 10.77.0.1;
+- MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
+  namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
+  the other); without MASTER_ADDR one clear error on every rank;
+- the same hydra job handing hbmcoll.init() mpi4py's COMM_WORLD (UCX_TLS=tcp,self keeps MPICH's
+  own traffic off the shared memory the namespaces still share);
+- srun's environment as Slurm's step daemons set it for 2 nodes x 2 tasks, the rendezvous at the
+  first host of SLURM_STEP_NODELIST (Slurm itself is not installed here).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import netnodes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYMOD = os.path.join(HERE, "..", "..", "pymod")
+JOB = os.path.join(HERE, "across_job.py")
+KEY = "s" * 32
+
+
+def _env(**extra):
+    return dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY=KEY, **extra)
+
+
+def _check(res, counts):
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0, (i, out, err[-3000:])
+    out = "".join(o for _, o, _ in res)
+    assert out.count(" ok") == sum(counts), out
+
+
+def test_hbmcoll_run_two_nodes(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "2", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29810", JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for i in range(2)]
+    res = netnodes.finish(procs, 240)
+    _check(res, (2, 2))
+    assert "2 nodes x 2 ranks, 2 ring(s)" in res[0][2]
+
+
+def _mpiexec(nodes, tmp_path, hosts, n, env, *args):
+    if shutil.which("mpiexec.hydra") is None:
+        pytest.skip("MPICH's hydra is not installed")
+    ssh = nodes.ssh_stand_in(str(tmp_path / "ssh"))
+    p = nodes.popen(0, ["mpiexec.hydra", "-launcher", "ssh", "-launcher-exec", ssh, "-hosts", hosts, "-n", str(n),
+                        sys.executable, JOB, *args],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return netnodes.finish([p], 240)
+
+
+@pytest.mark.parametrize("hosts,n", [("10.77.0.1:2,10.77.0.2:1", 3), ("10.77.0.1:1,10.77.0.2:1", 4)],
+                         ids=["2+1", "round-robin"])
+def test_mpiexec_hydra(emulated_nodes, tmp_path, hosts, n):
+    res = _mpiexec(emulated_nodes(2), tmp_path, hosts, n, _env(MASTER_ADDR="10.77.0.1", UCX_TLS="tcp,self"))
+    _check(res, (n,))
+    if n == 4:  # hydra filled one slot per host in turn
+        assert "rank 1 of 4 node 1 ok" in res[0][1] and "rank 2 of 4 node 0 ok" in res[0][1], res[0][1]
+
+
+def test_mpiexec_without_master_is_one_clear_error(emulated_nodes, tmp_path):
+    env = _env(UCX_TLS="tcp,self")
+    env.pop("MASTER_ADDR", None)
+    res = _mpiexec(emulated_nodes(2), tmp_path, "10.77.0.1:1,10.77.0.2:1", 2, env)
+    rc, out, err = res[0]
+    assert rc != 0 and err.count("set MASTER_ADDR (or HBMCOLL_MASTER) to the address of rank 0's node") == 2, err
+
+
+def test_mpi4py_comm_world(emulated_nodes, tmp_path):
+    pytest.importorskip("mpi4py")
+    res = _mpiexec(emulated_nodes(2), tmp_path, "10.77.0.1:2,10.77.0.2:1", 3,
+                   _env(UCX_TLS="tcp,self", HBMCOLL_IFACE="hbnet0"), "mpi")
+    _check(res, (3,))
+
+
+def test_srun_environment(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = []
+    for node in range(2):
+        for local in range(2):
+            env = _env(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID=str(2 * node + local),
+                       SLURM_STEP_NUM_TASKS="4", SLURM_LOCALID=str(local), SLURM_NODEID=str(node),
+                       SLURM_STEP_TASKS_PER_NODE="2(x2)", SLURM_STEP_NODELIST="10.77.0.[1-2]")
+            procs.append(nodes.popen(node, [sys.executable, JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env))
+    _check(netnodes.finish(procs, 240), (4,))
