@@ -1,104 +1,134 @@
-"""Allreduce between two emulated nodes: hbmcoll's bridge against gloo over the same link.
+"""Allreduce across two emulated nodes: hbmcoll against gloo and MPICH over the same links.
 
     sudo python3 bench/net_bridge.py [--sizes 8,65536,1048576,16777216] [--rounds 3]
-                                     [--rate 2gbit] [--seconds 1]
+                                     [--per-node 1,2] [--rates none,2gbit] [--seconds 1]
 
-Two network namespaces (the nodes) on a bridge in a third, one veth each (hbnet0,
-10.77.0.1-2), as rdma-bridge.md section 5 describes; --rate caps each node's link with tc tbf.
-One rank per node. In each round, in turn: build/net_bench (the bridge's ring allreduce over
-libfabric tcp;ofi_rxm, the C path) and torch.distributed's gloo (init over TCP in the namespaces,
-GLOO_SOCKET_IFNAME=hbnet0), float32 sum, the slowest rank's mean per call; the best round is
-kept. The namespaces are removed at the end, also on Ctrl-C. A benchmark: nothing is asserted.
+Two network namespaces (the nodes) on a bridge in a third, one veth each (hbnet0, 10.77.0.1-2),
+as rdma-bridge.md section 5 describes; a rate caps each node's link with tc tbf. For each rate
+and ranks per node, in each round and in turn (the order rotates): hbmcoll.init() under torchrun
+(the library's whole path: shared memory in the node, the bridge's rings between, NumPy
+buffers), torch's gloo under torchrun, mpi4py + MPICH under hydra (an ssh stand-in enters the
+other namespace; UCX_TLS=tcp,self, as otherwise UCX's shared memory crosses the namespaces),
+and with one rank per node the bridge's ring alone (build/net_bench, the C path). Each worker is
+bench/nodes_worker.py (float32 sum, the slowest rank's mean per call); the best round is kept.
+The link's ceiling is fi_pingpong's bandwidth (libfabric tcp, 16 MiB messages) in the same run.
+The namespaces are removed at the end, also on Ctrl-C. A benchmark: nothing is asserted.
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import machine  # bench/machine.py: the facts every run records
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NODES = 2
+WORKER = os.path.join(HERE, "nodes_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
-from netnodes import NetNodes  # noqa: E402  (the namespaces the tests use too)
+from netnodes import NetNodes, finish  # noqa: E402  (the namespaces the tests use too)
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="bench" * 6, HBMCOLL_QUIET="1",
+           GLOO_SOCKET_IFNAME="hbnet0", UCX_TLS="tcp,self", PYTHONPATH=os.path.join(ROOT, "pymod"))
+_port = [29900]
 
 
-def run_bridge(nodes, sizes, seconds):
+def _times(text):
+    return {int(b): float(us) for b, us in re.findall(r"allreduce (\d+) B: ([0-9.]+) us", text)}
+
+
+def _report(label, got, sizes, outs):
+    if len(got) != len(sizes):
+        print(f"{label} failed:", *[o[-400:] for o in outs], sep="\n", file=sys.stderr)
+    return got
+
+
+def run_torchrun(lib, nodes, per_node, sizes, seconds):
+    _port[0] += 2
+    procs = [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node-rank",
+                             str(i), "--nproc-per-node", str(per_node), "--master-addr", nodes.addrs[0],
+                             "--master-port", str(_port[0]), "--no-python", sys.executable, WORKER, lib,
+                             ",".join(map(str, sizes)), str(seconds)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+             for i in range(NODES)]
+    res = finish(procs, 900)
+    return _report(lib, _times(res[0][1]), sizes, [e for _, _, e in res])
+
+
+def run_mpich(nodes, per_node, sizes, seconds):
+    with tempfile.TemporaryDirectory() as tmp:
+        ssh = nodes.ssh_stand_in(os.path.join(tmp, "ssh"))
+        hosts = ",".join(f"{a}:{per_node}" for a in nodes.addrs)
+        p = nodes.popen(0, ["mpiexec.hydra", "-launcher", "ssh", "-launcher-exec", ssh, "-hosts", hosts, "-n",
+                            str(NODES * per_node), sys.executable, WORKER, "mpich", ",".join(map(str, sizes)),
+                            str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        (rc, out, err), = finish([p], 900)
+    return _report("mpich", _times(out), sizes, [err])
+
+
+def run_ring(nodes, per_node, sizes, seconds):
     out = subprocess.run([os.path.join(ROOT, "build", "net_bench"), ",".join(nodes.names), "-s",
                           ",".join(map(str, sizes)), "-t", str(seconds)], capture_output=True, text=True,
                          env=dict(os.environ, FI_PROVIDER="tcp"), timeout=900)
-    got = {int(b): float(us) for b, us in re.findall(r"allreduce (\d+) B: ([0-9.]+) us", out.stdout)}
-    if len(got) != len(sizes):
-        print("net_bench failed:", out.stderr[-500:], file=sys.stderr)
-    return got
+    return _report("ring", _times(out.stdout), sizes, [out.stderr])
 
 
-GLOO_WORKER = r"""
-import os, sys, time, torch, torch.distributed as dist
-sizes, seconds = [int(x) for x in sys.argv[1].split(",")], float(sys.argv[2])
-dist.init_process_group("gloo", init_method="tcp://10.77.0.1:29533", rank=int(os.environ["RANK"]), world_size=2)
-for size in sizes:
-    t = torch.zeros(max(size // 4, 1))
-    t0 = time.perf_counter()
-    for _ in range(3): dist.all_reduce(t)
-    iters = torch.tensor([max(5.0, min(100000.0, seconds / ((time.perf_counter() - t0) / 3 + 1e-6)))])
-    dist.broadcast(iters, 0)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(int(iters.item())): dist.all_reduce(t)
-    us = torch.tensor([(time.perf_counter() - t0) / int(iters.item()) * 1e6])
-    dist.all_reduce(us, op=dist.ReduceOp.MAX)
-    if dist.get_rank() == 0: print("allreduce %d B: %.2f us" % (size, us.item()), flush=True)
-dist.destroy_process_group()
-"""
+def link_ceiling(nodes):
+    """fi_pingpong's bandwidth between the nodes (libfabric tcp, 16 MiB), in Gbit/s, or None."""
+    if shutil.which("fi_pingpong") is None:
+        return None
+    args = ["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", str(16 << 20), "-I", "20"]
+    srv = nodes.popen(0, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli = nodes.popen(1, args + [nodes.addrs[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (_, out, _), _ = finish([cli, srv], 120)
+    m = re.search(r"^\s*16m\s+\S+\s+\S+\s+\S+\s+([0-9.]+)", out, re.M)
+    return float(m.group(1)) * 8 / 1000 if m else None
 
 
-def run_gloo(nodes, sizes, seconds):
-    procs = []
-    for rank, m in enumerate(nodes.names):
-        env = dict(os.environ, RANK=str(rank), GLOO_SOCKET_IFNAME="hbnet0", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", m, sys.executable, "-c", GLOO_WORKER,
-                                       ",".join(map(str, sizes)), str(seconds)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outs = [p.communicate(timeout=900) for p in procs]
-    got = {int(b): float(us) for b, us in re.findall(r"allreduce (\d+) B: ([0-9.]+) us", outs[0][0])}
-    if len(got) != len(sizes):
-        print("gloo failed:", outs[0][1][-500:], outs[1][1][-300:], file=sys.stderr)
-    return got
+def table(best, sizes, per_node, rate, ceiling, cpu, rounds):
+    libs = [lib for lib in ("hbmcoll", "gloo", "mpich", "ring") if best.get(lib)]
+    print(f"\n{NODES} nodes x {per_node} rank(s), allreduce float32 sum, us per call (best of {rounds} rounds; "
+          f"{cpu}, {os.cpu_count()} CPUs; link {'capped at ' + rate if rate else 'uncapped'}, "
+          f"fi_pingpong {'%.2f Gbit/s' % ceiling if ceiling else 'not measured'})")
+    print("| bytes | " + " | ".join(libs) + " | gloo/hbmcoll | mpich/hbmcoll | hbmcoll bus bandwidth |")
+    print("|---" * (len(libs) + 4) + "|")
+    for size in sizes:
+        h = best["hbmcoll"].get(size)
+        cells = ["%.1f" % best[lib][size] if size in best[lib] else "-" for lib in libs]
+        ratio = ["%.2fx" % (best[p][size] / h) if h and size in best.get(p, {}) else "-" for p in ("gloo", "mpich")]
+        bus = "%.2f Gbit/s" % (2 * (NODES - 1) / NODES * size * 8 / (h * 1e3)) if h else "-"
+        print(f"| {size} | " + " | ".join(cells + ratio) + f" | {bus} |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,65536,1048576,16777216")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rate", default=None, help="tc tbf rate per node link, e.g. 2gbit")
+    ap.add_argument("--per-node", default="1,2", help="ranks per node, one table each")
+    ap.add_argument("--rates", default="none,2gbit", help="tc tbf rate per node link, or none")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per size and library")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["make", "-s", "-C", ROOT, "build/net_bench"], check=True)
     cpu = machine.cpu_model()
-    nodes = NetNodes(NODES, a.rate).__enter__()
-    best = {"hbmcoll": {}, "gloo": {}}
-    try:
-        for rnd in range(a.rounds):
-            runs = [("hbmcoll", run_bridge), ("gloo", run_gloo)]
-            for label, fn in runs[rnd % 2:] + runs[:rnd % 2]:
-                for size, us in fn(nodes, sizes, a.seconds).items():
-                    best[label][size] = min(us, best[label].get(size, float("inf")))
-            print("round %d done" % (rnd + 1), file=sys.stderr)
-    finally:
-        nodes.close()
-    print("2 nodes x 1 rank, allreduce float32 sum, us per call (best of %d rounds; %s, %d CPUs%s)"
-          % (a.rounds, cpu, os.cpu_count(), ", links capped at " + a.rate if a.rate else ""))
-    print("| bytes | hbmcoll bridge | gloo | gloo/hbmcoll | hbmcoll bus bandwidth |")
-    print("|---|---|---|---|---|")
-    for size in sizes:
-        h, g = best["hbmcoll"].get(size), best["gloo"].get(size)
-        bus = "%.2f GB/s" % (2 * (NODES - 1) / NODES * size / (h * 1e3)) if h else "-"
-        print("| %d | %s | %s | %s | %s |" % (size, "%.1f" % h if h else "-", "%.1f" % g if g else "-",
-                                            "%.2fx" % (g / h) if h and g else "-", bus))
+    for rate in [None if r == "none" else r for r in a.rates.split(",")]:
+        with NetNodes(NODES, rate) as nodes:
+            ceiling = link_ceiling(nodes)
+            for per_node in [int(x) for x in a.per_node.split(",")]:
+                runs = [("hbmcoll", lambda *x: run_torchrun("hbmcoll", *x)),
+                        ("gloo", lambda *x: run_torchrun("gloo", *x)), ("mpich", run_mpich)]
+                if per_node == 1:
+                    runs.append(("ring", run_ring))
+                best = {label: {} for label, _ in runs}
+                for rnd in range(a.rounds):
+                    for label, fn in runs[rnd % len(runs):] + runs[:rnd % len(runs)]:
+                        for size, us in fn(nodes, per_node, sizes, a.seconds).items():
+                            best[label][size] = min(us, best[label].get(size, float("inf")))
+                    print(f"{per_node}/node, {rate or 'uncapped'}: round {rnd + 1} done", file=sys.stderr)
+                table(best, sizes, per_node, rate, ceiling, cpu, a.rounds)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ class Job:
         elif self.comm is None or self.comm.closed:
             self.comm = self._default()
         if self._any_thread:
-            self.comm._c.allow_any_thread()
+            self.comm._allow_any_thread()
         return self.comm
 
     def get(self):

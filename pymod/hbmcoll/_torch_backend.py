@@ -33,7 +33,7 @@ float8: data movement as raw bytes; reductions on a widened or reinterpreted cop
 temporary, then copies), and uneven all_to_all splits (padded to the largest block).
 
 Groups: the world group joins the communicator of the launcher's environment (``hbmcoll.init``)
-when that environment describes the same rank and size; otherwise (``mp.spawn`` with explicit
+when that environment describes the same rank and size, across nodes too; otherwise (``mp.spawn`` with explicit
 ranks, sub-groups from ``new_group``) rank 0 of the group puts a fresh job key into the group's
 torch Store, the other members read it, and the members build an hbmcoll communicator of their own.
 That needs only the members: torch calls the creator on members only, so ``comm.split`` (which the
@@ -463,6 +463,19 @@ def _store_key(store, rank):
 _world_placement = None
 
 
+def _one_node(store, rank, size):
+    """Groups other than the launcher's world are built over shared memory: refuse one whose
+    members are on several nodes (every member sees the same names, so all raise)."""
+    from .layout import node_name
+
+    store.set(f"hbmcoll/node/{rank}", node_name(os.environ))
+    names = {store.get(f"hbmcoll/node/{r}").decode() for r in range(size)}
+    if len(names) > 1:
+        raise NotSupportedError(f"this group's members are on {len(names)} nodes ({', '.join(sorted(names))}): "
+                                "hbmcoll's torch groups span nodes only as the launcher's world group so far; "
+                                "use backend='gloo' for this group")
+
+
 def _env_matches(rank, size):
     try:
         info = launch_env.detect()
@@ -479,13 +492,11 @@ def create(store, rank, size, timeout):
     t = _timeout_s(timeout)
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None
-    if info is not None and info.size != info.local_size:
-        raise NotSupportedError("torch.distributed's hbmcoll backend does not span nodes yet; "
-                                "across nodes use hbmcoll.init() directly, or backend='gloo'")
-    if info is not None:
+    if info is not None:  # across nodes too: init() returns the NodesCommunicator then
         comm = _comm.init(timeout=t)
         _world_placement = comm._placement
     else:
+        _one_node(store, rank, size)
         key = _store_key(store, rank)
         if default_group or _world_placement is None:
             info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
@@ -499,7 +510,7 @@ def create(store, rank, size, timeout):
         comm = _comm.Communicator(core, rank, size, "torch.distributed", placement)
     # torch's contract: every rank issues the group's collectives in the same order, whichever
     # threads they come from (DDP's reducer, comm hooks on completer threads); as with gloo.
-    comm._c.allow_any_thread()
+    comm._allow_any_thread()
     return ProcessGroupHbmcoll(comm, rank, size)
 
 

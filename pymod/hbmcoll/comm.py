@@ -295,6 +295,10 @@ class Communicator:
     def empty(self, shape, dtype="float32"):
         return empty(shape, dtype, comm=self)
 
+    def _allow_any_thread(self):
+        """Calls may come from any thread, in the same order on every rank (torch's contract)."""
+        self._c.allow_any_thread()
+
     def bind_thread(self):
         """Make the calling thread the one that issues this communicator's collectives.
 

@@ -1,0 +1,73 @@
+"""One rank of bench/net_bridge.py: allreduce float32 sum timed through one library across the
+emulated nodes, the same way for each.
+
+    nodes_worker.py LIB SIZES SECONDS      LIB: hbmcoll | gloo | mpich
+
+hbmcoll: hbmcoll.init() (the library's whole path across nodes, NumPy buffers), under torchrun;
+gloo: torch.distributed's gloo, under torchrun; mpich: mpi4py's Allreduce over MPICH, under
+hydra. Per size: 3 calls to warm up, then as many calls as fit in SECONDS (rank 0's estimate,
+broadcast), between barriers; rank 0 prints the slowest rank's mean per call.
+"""
+import sys
+import time
+
+import numpy as np
+
+
+def library(name):
+    """(rank, allreduce(a), bcast(a), barrier(), max_of(x), close()) of one library."""
+    if name == "hbmcoll":
+        import hbmcoll
+        c = hbmcoll.init()
+
+        def max_of(x):
+            m = np.array([x])
+            c.allreduce(m, op="max")
+            return float(m[0])
+        return c.rank, c.allreduce, c.bcast, c.barrier, max_of, c.close
+    if name == "gloo":
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+
+        def allreduce(a):
+            dist.all_reduce(torch.from_numpy(a))
+
+        def bcast(a):
+            dist.broadcast(torch.from_numpy(a), 0)
+
+        def max_of(x):
+            t = torch.tensor([x], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t)
+        return dist.get_rank(), allreduce, bcast, dist.barrier, max_of, dist.destroy_process_group
+    if name == "mpich":
+        from mpi4py import MPI
+        w = MPI.COMM_WORLD
+        return (w.Get_rank(), lambda a: w.Allreduce(MPI.IN_PLACE, a, MPI.SUM), lambda a: w.Bcast(a, 0),
+                w.Barrier, lambda x: w.allreduce(x, MPI.MAX), lambda: None)
+    raise SystemExit(f"unknown library {name!r}")
+
+
+def main():
+    name, sizes, seconds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3])
+    rank, allreduce, bcast, barrier, max_of, close = library(name)
+    for size in sizes:
+        a = np.ones(max(size // 4, 1), dtype=np.float32)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            allreduce(a)
+        iters = np.array([max(5.0, min(100000.0, seconds / ((time.perf_counter() - t0) / 3 + 1e-6)))])
+        bcast(iters)
+        barrier()
+        t0 = time.perf_counter()
+        for _ in range(int(iters[0])):
+            allreduce(a)
+        us = max_of((time.perf_counter() - t0) / int(iters[0]) * 1e6)
+        if rank == 0:
+            print("allreduce %d B: %.2f us" % (size, us), flush=True)
+    close()
+
+
+if __name__ == "__main__":
+    main()

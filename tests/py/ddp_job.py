@@ -1,0 +1,43 @@
+"""A rank of DDP across emulated nodes (test_across_nodes.py): the same model trained twice from
+the same start on the same data, once over the default group (backend hbmcoll, across the nodes)
+and once over a gloo group, then the weights compared. Prints "ddp ok <max difference>".
+"""
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hbmcoll.torch  # noqa: F401  (registers the backend)
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def train(group):
+    net = DDP(model(), process_group=group, bucket_cap_mb=1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(1000 + dist.get_rank())
+    for _ in range(8):
+        x, y = torch.randn(32, 64, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+dist.init_process_group("hbmcoll")
+assert dist.get_backend() == "hbmcoll"
+gloo = dist.new_group(backend="gloo")
+ours, theirs = train(None), train(gloo)
+same = torch.tensor([zlib.crc32(ours.numpy().tobytes())], dtype=torch.int64)
+every = [torch.zeros_like(same) for _ in range(dist.get_world_size())]
+dist.all_gather(every, same)
+assert len({int(t) for t in every}) == 1, "ranks disagree on the weights"
+diff = float((ours - theirs).abs().max())
+assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), diff
+os.write(1, f"ddp ok {diff:.2e}\n".encode())
+dist.destroy_process_group()
