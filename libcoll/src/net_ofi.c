@@ -149,12 +149,19 @@ static int net_fail(char *err, size_t errlen, int rc, const char *what) {
   return rc < 0 ? rc : -rc;
 }
 
-/* The entry to use: on iface if one is named, IPv4 before IPv6 (link-local v6 addresses
- * need a scope that a card does not carry). */
-static struct fi_info *net_pick(struct fi_info *list) {
+/* The entry to use: on iface if one is named (libfabric's tcp provider answers with its
+ * other interfaces when the name matches none, so the name is checked here), IPv4 before
+ * IPv6 (link-local v6 addresses need a scope that a card does not carry); NULL if none. */
+static int net_on(const struct fi_info *i, const char *iface) {
+  return iface == NULL || (i->domain_attr->name && strcmp(i->domain_attr->name, iface) == 0);
+}
+
+static struct fi_info *net_pick(struct fi_info *list, const char *iface) {
   for (struct fi_info *i = list; i; i = i->next)
-    if (i->addr_format != FI_SOCKADDR_IN6) return i;
-  return list;
+    if (net_on(i, iface) && i->addr_format != FI_SOCKADDR_IN6) return i;
+  for (struct fi_info *i = list; i; i = i->next)
+    if (net_on(i, iface)) return i;
+  return NULL;
 }
 
 static int net_post_receives(coll__net_t *n, int count) {
@@ -222,7 +229,11 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (iface && (hints->domain_attr->name = strdup(iface)) == NULL) rc = -ENOMEM;
   }
-  if (rc == 0 && (rc = net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list)) != 0) {
+  if (rc == 0) {
+    rc = net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list);
+    if (rc == 0 && net_pick(list, iface) == NULL) rc = -FI_ENODATA;
+  }
+  if (rc && rc != -ENOMEM) {
     const char *prov = getenv("FI_PROVIDER");
     snprintf(err, errlen, "no libfabric provider offers RDM endpoints with RMA%s%s%s%s (%s); "
              "`fi_info -t FI_EP_RDM -c FI_RMA` lists what this machine has",
@@ -231,7 +242,7 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
     rc = rc == -FI_ENODATA ? COLL_ENOTSUP : rc;
   }
   if (rc == 0) {
-    n->info = net_fi.dupinfo(net_pick(list));
+    n->info = net_fi.dupinfo(net_pick(list, iface));
     n->pool_bytes = (pool_bytes + 4095) & ~(size_t)4095;
     n->pool = mmap(NULL, n->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (n->info == NULL || n->pool == MAP_FAILED) {

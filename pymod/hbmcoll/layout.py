@@ -33,7 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core, nodes
-from .errors import ArgumentError, BootstrapError
+from .errors import ArgumentError, BootstrapError, Error, TimeoutError
+
+# How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
+# own rendezvous waits 900 s too): a node that never comes is an error, not a hang.
+RENDEZVOUS_S = 900
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,8 @@ def node_name(env):
 
 
 def _check(size):
-    """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once."""
+    """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once, each
+    node with a bridge endpoint the others can reach."""
     def complete(blobs):
         heads = {k: json.loads(b.split(b"\0", 1)[0]) for k, b in blobs.items()}
         seen = sorted(r for h in heads.values() for r in h["ranks"])
@@ -149,8 +154,29 @@ def _check(size):
         if twice:
             raise BootstrapError(f"several nodes call themselves {', '.join(twice)}; give each node its own "
                                  "name with HBMCOLL_NODE (by default the hostname)")
+        for h in heads.values():
+            if h.get("error"):
+                raise BootstrapError(f"node {h['name']} could not open its bridge endpoint: {h['error']}")
+            if len(heads) > 1 and (h.get("addr") or "").startswith("127."):
+                raise BootstrapError(f"node {h['name']}'s bridge is on a loopback interface ({h['addr']}), which "
+                                     "the other nodes cannot reach: set HBMCOLL_IFACE to its interface toward them")
         return True
     return complete
+
+
+def _open(iface, pool_bytes, head):
+    """This rank's bridge endpoint, its address in head; on failure None, the failure in head
+    (the other nodes learn it at the rendezvous instead of waiting for this node)."""
+    try:
+        bridge = _core.Bridge(iface, pool_bytes)
+    except (Error, ValueError, OSError) as exc:
+        head["error"] = str(exc)
+        return None
+    try:
+        head["addr"] = iface_address(iface)
+    except ArgumentError:  # a libfabric domain that is no netdev (mlx5_0): nothing to check
+        pass
+    return bridge
 
 
 def _share(local, blob):
@@ -167,14 +193,17 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4
     ring l ((addr, port), or for the member that listens, possibly a listening socket)."""
     ranks = [int(r) for r in local.allgather(np.array([rank], dtype=np.int64)).reshape(-1)]
     bridge = watch = None
+    shared = True  # until the layout is shared, every local rank fails alike
+    timeout = timeout or RENDEZVOUS_S
     try:
         said = b""
         if local.rank == 0:
             try:
-                bridge = _core.Bridge(iface, pool_bytes)
-                head = json.dumps({"name": name, "ranks": ranks}).encode()
-                blobs, watch = nodes.exchange(min(ranks), where_of(0), secret, head + b"\0" + bridge.card(),
-                                              _check(size), timeout)
+                head = {"name": name, "ranks": ranks}
+                bridge = _open(iface, pool_bytes, head)
+                card = bridge.card() if bridge is not None else b""
+                blobs, watch = nodes.exchange(min(ranks), where_of(0), secret,
+                                              json.dumps(head).encode() + b"\0" + card, _check(size), timeout)
                 parts = [blobs[k].split(b"\0", 1) for k in sorted(blobs)]
                 heads = [json.loads(h) for h, _ in parts]
                 said = json.dumps({"nodes": [h["ranks"] for h in heads], "names": [h["name"] for h in heads]})
@@ -188,23 +217,37 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4
             raise BootstrapError(f"local rank 0 of this node failed to meet the other nodes: {said['why']}")
         layout = Layout(tuple(tuple(r) for r in said["nodes"]), tuple(said["names"]),
                         [i for i, r in enumerate(said["nodes"]) if rank in r][0])
+        shared = False
         if 0 < local.rank < layout.rings:
             bridge = _core.Bridge(iface, pool_bytes)
             got, watch = nodes.exchange(layout.node, where_of(local.rank), secret, bridge.card(),
                                         nodes.members(len(layout.nodes)), timeout)
             cards = [got[i] for i in range(len(layout.nodes))]
+        shared = False  # from here on a failure is this rank's alone
         if bridge is not None:
             _ring(bridge, layout, cards)
             bridge.watch(watch.fileno(), "the job's other nodes")
+            _probe(bridge, layout, min(timeout, 60))
         return layout, bridge, watch
-    except BaseException as exc:
-        if not isinstance(exc, BootstrapError):
+    except BaseException:
+        if not shared:
             local.abort()  # the node's other ranks may wait in a collective with this one
         if watch is not None:
             watch.abort()
         if bridge is not None:
             bridge.close()
         raise
+
+
+def _probe(bridge, layout, timeout):
+    """One word around the ring, so that an endpoint the others cannot reach is an error here
+    rather than a hang in the first collective."""
+    try:
+        bridge.allreduce(np.zeros(1, np.int32), _core.SUM, timeout)
+    except TimeoutError:
+        raise BootstrapError(f"the bridge's ring could not pass one word around the nodes in {timeout:.0f} s: "
+                             "a node's endpoint is unreachable from its neighbour (check HBMCOLL_IFACE on "
+                             f"every node, and that {', '.join(layout.names)} reach each other)") from None
 
 
 def _ring(bridge, layout, cards):

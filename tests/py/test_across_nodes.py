@@ -11,7 +11,9 @@
 - a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
 - DDP over init_process_group("hbmcoll") across 2 x 2 ranks ends with gloo's weights (within
   float rounding: the sums are taken in another order) and the same bits on every rank;
-- without HBMCOLL_JOB_KEY every rank stops at init with one clear error.
+- without HBMCOLL_JOB_KEY every rank stops at init with one clear error; so does every rank of
+  both nodes when one node's bridge is on loopback, on an interface that does not exist, or
+  asks for a provider that is missing.
 """
 import os
 import subprocess
@@ -32,14 +34,15 @@ def two_nodes(emulated_nodes):
     return emulated_nodes(2)
 
 
-def _torchrun(nodes, per_node, port, env_extra, job=JOB):
+def _torchrun(nodes, per_node, port, env_extra, job=JOB, second_node_env=None):
     """torchrun on node i with per_node[i] ranks (an int: the same on both)."""
     counts = per_node if isinstance(per_node, tuple) else (per_node, per_node)
     env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", **env_extra)
     procs = [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
                              "--nproc-per-node", str(counts[i]), "--master-addr", "10.77.0.1", "--master-port",
                              str(port), "--no-python", sys.executable, job],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(env, **(second_node_env or {})) if i else env)
              for i in range(2)]
     return netnodes.finish(procs, 240)
 
@@ -80,3 +83,15 @@ def test_no_secret_is_one_clear_error(two_nodes):
     res = _torchrun(two_nodes, 1, 29730, {"HBMCOLL_JOB_KEY": ""})
     for rc, out, err in res:
         assert rc != 0 and "set HBMCOLL_JOB_KEY to the same random string on every node" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("bad,says", [
+    ({"HBMCOLL_IFACE": "lo"}, "node node1's bridge is on a loopback interface (127.0.0.1)"),
+    ({"HBMCOLL_IFACE": "nosuch0"}, "node node1 could not open its bridge endpoint"),
+    ({"FI_PROVIDER": "verbs"}, "node node1 could not open its bridge endpoint"),
+], ids=["loopback", "no-such-interface", "missing-provider"])
+def test_a_bad_node_is_one_clear_error_everywhere(two_nodes, bad, says):
+    res = _torchrun(two_nodes, 2, 29750, {"HBMCOLL_JOB_KEY": "k" * 32}, second_node_env=bad)
+    for i, (rc, out, err) in enumerate(res):
+        assert rc != 0 and err.count(says) == 2, (i, err[-3000:])
+        assert "hung" not in err
