@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import machine  # bench/machine.py: the facts every run records
 
@@ -82,9 +83,10 @@ def link_ceiling(nodes):
         return None
     args = ["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", str(16 << 20), "-I", "20"]
     srv = nodes.popen(0, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the server listening first
     cli = nodes.popen(1, args + [nodes.addrs[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     (_, out, _), _ = finish([cli, srv], 120)
-    m = re.search(r"^\s*16m\s+\S+\s+\S+\s+\S+\s+([0-9.]+)", out, re.M)
+    m = re.search(r"^\s*16m(?:\s+\S+){4}\s+([0-9.]+)", out, re.M)  # bytes #sent #ack total time MB/sec
     return float(m.group(1)) * 8 / 1000 if m else None
 
 

@@ -17,6 +17,7 @@
 #ifndef COLL_NET_H
 #define COLL_NET_H
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,5 +78,12 @@ int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
 /* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a
  * failure (a peer's endpoint went away, the link failed) with a sentence in err. */
 int coll__net_poll(coll__net_t *net, uint32_t *note_p, char *err, size_t errlen);
+
+/* What a wait does after its `spins`-th poll that brought nothing: after a few, give the core
+ * away (a rank of this node, or the kernel's network work, may need it to make our progress). */
+#define COLL_NET_SPINS 64
+static inline void coll__net_idle(unsigned spins) {
+  if (spins > COLL_NET_SPINS) sched_yield();
+}
 
 #endif /* COLL_NET_H */

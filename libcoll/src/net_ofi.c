@@ -375,6 +375,7 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
   uint32_t got;
   rc = net_read_one(n, &got, err, errlen);
   if (rc == 1) return net_queue(n, got);
+  if (rc == 0) coll__net_idle(spins);
   return rc;
 }
 

@@ -93,8 +93,13 @@ static int ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s
     uint32_t note;
     int rc = coll__net_poll(r->net, &note, err, errlen);
     if (rc < 0) return rc;
-    if (rc == 1) ring_keep(r, note);
-    else if (until && (spins & 1023) == 0 && ring_now() > until) {
+    if (rc == 1) {
+      ring_keep(r, note);
+      spins = 0;
+      continue;
+    }
+    coll__net_idle(spins);
+    if (until && (spins & 1023) == 0 && ring_now() > until) {
       snprintf(err, errlen, "waited %.0f s for %s (transfer %u)", timeout_s, ring_waits_for[what], (unsigned)t);
       return -ETIMEDOUT;
     }
