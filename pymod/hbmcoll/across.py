@@ -37,6 +37,28 @@ from .comm import _empty_like, _shape
 from .errors import ArgumentError, Error, MismatchError, NotSupportedError, TimeoutError
 
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
+SMALL = 1024  # bytes of data that ride with every call's descriptors (_meet)
+_HEAD = 48    # the descriptor's bytes in a block: node agrees, collective, dtype, count, op, root
+_NP_FOLD = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def _fold(rows, like, op):
+    """rows (k, nbytes, uint8) as k buffers of like's dtype, folded with op in row order (so
+    every rank that folds the same rows gets the same bits): a NumPy array of like's dtype."""
+    rows = np.ascontiguousarray(rows)
+    if _is_np(like):
+        vals = rows.view(like.dtype)
+        acc = vals[0].copy()
+        for v in vals[1:]:
+            _NP_FOLD[op](acc, v, out=acc)
+        return acc
+    import torch
+    vals = torch.from_numpy(rows).view(like.dtype)
+    fold = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}[op]
+    acc = vals[0].clone()
+    for v in vals[1:]:
+        acc = fold(acc, v)
+    return acc.view(torch.uint8).numpy()
 
 
 def _is_np(x):
@@ -195,19 +217,52 @@ class NodesCommunicator:
             self._local.allgather(piece, out=every)
         return every[:R].reshape(R, N, S).transpose(1, 0, 2).reshape(N, R * S)[:, :B]
 
-    def _agree(self, name, buf, op, root):
-        """MismatchError on every rank unless all called name with the same dtype, count, op, root."""
+    def _meet(self, name, buf, op, root, data=None, node_part=None):
+        """The exchange every call starts with: each rank's descriptor (collective, dtype, count,
+        op, root) and up to SMALL bytes of data, in blocks of one fixed size whatever the call,
+        so ranks that disagree still exchange alike. Each of a node's ranks checks its node's
+        descriptors and makes the node's block (node_part(rows): the node's data from its ranks'
+        rows), and every ring gathers the node blocks.
+        MismatchError on every rank unless all descriptors agree; else the nodes' data parts,
+        an (nodes, SMALL) uint8 array, the same on every rank."""
         dt = _dtype_name(buf) if buf is not None else "-"
         count = (buf.numel() if hasattr(buf, "numel") else buf.size) if buf is not None else -1
-        mine = np.array([zlib.crc32(name.encode()), zlib.crc32(dt.encode()), count,
+        head = np.array([1, zlib.crc32(name.encode()), zlib.crc32(dt.encode()), count,
                          zlib.crc32(str(op).encode()), root], dtype=np.int64)
-        both = np.concatenate([mine, -mine])
-        self._local.allreduce(both, op="max")
-        self._reduce_across(both, _core.MAX)
-        if not np.array_equal(both[:5], -both[5:]):
+        block = np.zeros(_HEAD + SMALL, np.uint8)
+        block[:_HEAD] = head.view(np.uint8)
+        if data is not None:
+            block[_HEAD:_HEAD + len(data)] = data
+        nodes = np.zeros((self.nodes, _HEAD + SMALL), np.uint8)
+        if self.local_size > 1:
+            rows = self._local.allgather(block)
+        else:
+            rows = block.reshape(1, -1)
+        heads = rows[:, :_HEAD].copy().view(np.int64)
+        mine = nodes[self.node]  # the same bytes on each of the node's ranks
+        mine[:_HEAD] = heads[0].view(np.uint8)
+        if not (heads == heads[0]).all():
+            mine[:8] = 0  # this node's ranks disagree
+        elif node_part is not None:
+            part = node_part(rows[:, _HEAD:])
+            if part is not None:
+                mine[_HEAD:_HEAD + len(part)] = part
+        # every ring gathers the node blocks (a waiting carrier yields its core, a local wait
+        # would spin); ranks beyond the rings get them from local rank 0
+        rings = self._layout.rings
+        if self.local_rank < rings and self.nodes > 1:
+            self._bridge.allgather(nodes.reshape(-1), self._timeout)
+        if rings < self.local_size:
+            self._local.bcast(nodes, root=0)
+        heads = nodes[:, :_HEAD].copy().view(np.int64)
+        if not heads[:, 0].all() or not (heads[:, 1:] == heads[0, 1:]).all():
             raise MismatchError(f"ranks disagree on the arguments of {name} (this rank, on node {self.node}: "
                                 f"{dt} x {count}, op {op}, root {root}): every rank must call the same "
                                 "collectives in the same order with the same arguments")
+        return nodes[:, _HEAD:]
+
+    def _agree(self, name, buf, op, root):
+        self._meet(name, buf, op, root)
 
     def _root(self, root):
         if root.__class__ is not int or not 0 <= root < self.size:
@@ -227,17 +282,29 @@ class NodesCommunicator:
     # -- the collectives: each checks its arguments, then runs as one call in order ------------------
     def _allreduce(self, buf, op, out):
         base = self._op(op, buf)
-        self._agree("allreduce", buf, op, -1)
-        self._local.allreduce(buf, op=base, out=out)
-        self._reduce_across(_flat(out), _CODES[base])
+        raw = _raw(buf)
+        if len(raw) <= SMALL:  # the data rides with the descriptors: one exchange in all
+            def node_part(rows):
+                return _fold(rows[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
+            parts = self._meet("allreduce", buf, op, -1, raw, node_part)
+            _raw(out)[:] = _fold(parts[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
+        else:
+            self._agree("allreduce", buf, op, -1)
+            self._local.allreduce(buf, op=base, out=out)
+            self._reduce_across(_flat(out), _CODES[base])
         if op == "avg":
             _flat(out)[:] /= self.size
         return out
 
     def _bcast(self, buf, root):
-        self._agree("bcast", buf, "-", root)
         node, local_root = self._layout.place(root)
         raw = _raw(buf)
+        if len(raw) <= SMALL:  # root's bytes ride with the descriptors
+            parts = self._meet("bcast", buf, "-", root, raw if self.rank == root else None,
+                               lambda rows: rows[local_root, :len(raw)] if node == self.node else None)
+            raw[:] = parts[node, :len(raw)]
+            return buf
+        self._agree("bcast", buf, "-", root)
         if node == self.node:
             self._local.bcast(buf, root=local_root)
         else:

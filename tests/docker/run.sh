@@ -20,6 +20,8 @@
 #     namespace with HBMCOLL_RENDEZVOUS_DIR=/dev/shm (nothing left in the directory after); a
 #     killed rank 0 in another PID namespace is reported as dead; the exact errors with separate
 #     network namespaces and no rendezvous directory, and with another uid (docker/README.md).
+#   two containers as two nodes (network namespaces on a bridge, own hostnames and IPC), 2 ranks
+#     each under hbmcoll-run --nnodes 2: every collective across them.
 #   dev image: the fast pytest subset ($DOCKER_PYTEST) and `make demo`.
 # Every case's output is in build/docker-test/<case>.log. Ends with "docker-test: N passed, N failed".
 set -uo pipefail
@@ -50,15 +52,16 @@ RUN=("${ENGINE[@]}" run "${RUN_FLAGS[@]}")
 MOUNT=(-v "$PWD/tests/docker:/t:ro")
 DEMO=(python3 -m hbmcoll.run -n 4 /opt/hbmcoll/examples/demo.py)
 PREFIX="hbmcoll-test-$$"
+NODES="hbd$$"   # the emulated nodes' namespaces: ${NODES}n0, ${NODES}n1, ${NODES}br
 REFUSED='; but mbind is refused here, so memory stays on DDR near each CPU'
 
 pass=0
 failed=()
 cleanup() {
   local n
-  for n in "$PREFIX-b" "$PREFIX-a" "$PREFIX-ns"; do "${ENGINE[@]}" rm -f "$n" >/dev/null 2>&1 || true; done
+  for n in "$PREFIX-b" "$PREFIX-a" "$PREFIX-ns" "$PREFIX-node0" "$PREFIX-node1"; do "${ENGINE[@]}" rm -f "$n" >/dev/null 2>&1 || true; done
 }
-trap cleanup EXIT
+trap 'cleanup; nodes_down 2>/dev/null' EXIT
 
 # case NAME: run "$@" (an engine command line), output to $LOG/NAME.log, rc in $rc
 case_run() {
@@ -237,6 +240,36 @@ rc_is 1; has "hbmcoll.BootstrapError: rank 1 found no rank 0 listening for job k
 has "hbmcoll.BootstrapError: rank 0 waited for the other ranks; 1 of 2 came (missing: 1)"; verdict
 show '^hbmcoll.BootstrapError' 1
 
+# Two containers as two nodes: each in a network namespace of its own on a bridge (the emulated
+# nodes of tests/py/netnodes.py), with its own hostname and IPC namespace; 2 ranks each under
+# hbmcoll-run --nnodes 2, every collective across them (tests/py/across_job.py).
+nodes_down() { python3 -c "import sys; sys.path.insert(0, 'tests/py'); import netnodes; netnodes.NetNodes(2, tag='$NODES').close()"; }
+two_nodes() {   # NAME
+  local n=$1 r
+  cleanup
+  if ! python3 -c "import sys; sys.path.insert(0, 'tests/py'); import netnodes; netnodes.NetNodes(2, tag='$NODES').__enter__()"; then
+    case_run "$n" echo "could not make the emulated nodes (root and iproute2 needed)"
+    rc=1 rc_b=1
+    return
+  fi
+  for r in 1 0; do
+    local how=(-d)
+    [ "$r" = 0 ] && how=()
+    local run=("${RUN[@]}" "${how[@]}" --name "$PREFIX-node$r" --network "ns:/run/netns/${NODES}n$r" --hostname "node$r"
+               -v "$PWD/tests/py:/tp:ro" -e HBMCOLL_JOB_KEY="$PREFIX-$n" -e OMP_NUM_THREADS=1 -e HBMCOLL_TIMEOUT=120
+               "$IMAGE:torch" python3 -m hbmcoll.run -n 2 --nnodes 2 --node-rank "$r" --master 10.77.0.1:29500
+               python3 /tp/across_job.py)
+    if [ "$r" = 1 ]; then "${run[@]}" >/dev/null; else case_run "$n" "${run[@]}"; fi
+  done
+  rc_b=$("${ENGINE[@]}" wait "$PREFIX-node1" 2>/dev/null | tail -n 1)
+  { echo "---- node 1, exit code $rc_b:"; "${ENGINE[@]}" logs "$PREFIX-node1" 2>&1; } >>"$LOG/$n.log"
+  cleanup
+  nodes_down
+}
+two_nodes two-containers-two-nodes
+rc_is 0; [ "$rc_b" = 0 ] || errors+=("node 1 exited with $rc_b")
+count_re 4 '^rank [0-3] of 4 node [01] ok$'; has_re '^hbmcoll: 2 nodes x 2 ranks, 2 ring\(s\), bridge: provider tcp;ofi_rxm'
+verdict; show '^hbmcoll: 2 nodes' 1
 
 # ---- dev image: the fast pytest subset, make demo ---------------------------------------------
 # shellcheck disable=SC2086

@@ -25,7 +25,9 @@ else:
     c = hbmcoll.init()
 P = c.size
 if os.environ.get("MODE") == "mismatch":
-    for n in (10 + c.node, 10 + c.local_rank, 10 + (c.rank == P - 1)):  # between nodes, inside one, one rank
+    # between nodes, inside one, one rank; and one node's call small enough to ride with the
+    # descriptors while the other's is not
+    for n in (10 + c.node, 10 + c.local_rank, 10 + (c.rank == P - 1), 10 + 990 * c.node):
         try:
             c.allreduce(np.ones(n, dtype=np.float32))
         except hbmcoll.MismatchError as e:
