@@ -16,9 +16,11 @@ node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank 
 alltoall gathers every rank's blocks. So gather, scatter, reduce, reduce_scatter and alltoall move
 more than they need to: correct first; their own paths come with the move of this layer into C.
 
-Before any data moves, every rank agrees on what is called (collective, dtype, count, op, root)
-by a small max-reduce of the descriptor and its negation along the same path: every rank sees
-the same verdict, so a disagreement anywhere is MismatchError on every rank. Any other failure
+Every call starts with one exchange of blocks of a fixed size (_meet): each rank's descriptor
+(collective, dtype, count, op, root) and up to SMALL bytes of data, gathered in the node and then
+around the rings. Every rank sees all the nodes' blocks, so every rank reaches the same verdict
+and a disagreement anywhere is MismatchError on every rank. Allreduce and bcast of up to SMALL
+bytes finish in that exchange (folded in node order, the same bits everywhere). Any other failure
 ends the job's communicator on every rank: this node's connections close without a goodbye (the
 other nodes' waits end as PeerLostError) and the node's communicator is aborted.
 

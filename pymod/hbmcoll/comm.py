@@ -14,7 +14,7 @@ import threading
 from . import _core
 from . import job_secret
 from . import launch_env
-from .errors import ArgumentError, NotSupportedError
+from .errors import ArgumentError
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
         "avg": _core.AVG, "mean": _core.AVG, "average": _core.AVG}

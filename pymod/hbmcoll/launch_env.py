@@ -29,14 +29,14 @@ import re
 from dataclasses import dataclass
 
 try:
-    from .errors import ArgumentError, NotSupportedError
+    from .errors import ArgumentError
 except ImportError:  # this file runs by path too (hbmcoll-run): its sibling, by path
     import importlib.util as _util
     _spec = _util.spec_from_file_location(
         "_hbmcoll_errors", os.path.join(os.path.dirname(os.path.abspath(__file__)), "errors.py"))
     _errors = _util.module_from_spec(_spec)
     _spec.loader.exec_module(_errors)
-    ArgumentError, NotSupportedError = _errors.ArgumentError, _errors.NotSupportedError
+    ArgumentError = _errors.ArgumentError
 
 LAUNCHERS = ("hbmcoll-run", "torchrun", "mpiexec", "srun", "single")
 # What sizes a rank's OpenMP/BLAS pools; set from its share of the cores (hbmcoll-run, init()).
@@ -53,10 +53,6 @@ class LaunchInfo:
     launcher: str
     # the key holds no secret of the job: local rank 0 draws one for the others (job_secret.py)
     needs_secret: bool = False
-
-
-class MultiNodeError(NotSupportedError):
-    """The job's ranks are on several nodes under a launcher hbmcoll cannot follow there yet."""
 
 
 def _int(env, name):
