@@ -11,6 +11,8 @@
 - a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
 - DDP over init_process_group("hbmcoll") across 2 x 2 ranks ends with gloo's weights (within
   float rounding: the sums are taken in another order) and the same bits on every rank;
+- a Horovod-style script (import hbmcoll.torch as hvd: broadcast_parameters, DistributedOptimizer,
+  object collectives) across 2 x 2 ranks ends with the same weights on every rank;
 - without HBMCOLL_JOB_KEY every rank stops at init with one clear error; so does every rank of
   both nodes when one node's bridge is on loopback, on an interface that does not exist, or
   asks for a provider that is missing.
@@ -63,6 +65,13 @@ def test_ddp_across_nodes_ends_with_gloos_weights(two_nodes):
     res = _torchrun(two_nodes, 2, 29740, {"HBMCOLL_JOB_KEY": "k" * 32, "GLOO_SOCKET_IFNAME": "hbnet0"}, ddp)
     for i, (rc, out, err) in enumerate(res):
         assert rc == 0 and out.count("ddp ok") == 2, (i, out, err[-3000:])
+
+
+def test_horovod_style_script_across_nodes(two_nodes):
+    job = os.path.join(os.path.dirname(JOB), "horovod_job.py")
+    res = _torchrun(two_nodes, 2, 29745, {"HBMCOLL_JOB_KEY": "k" * 32}, job)
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count("horovod ok") == 2, (i, out, err[-3000:])
 
 
 def test_disagreeing_nodes_are_mismatch_everywhere(two_nodes):
