@@ -8,6 +8,7 @@ points bench/results/latest at it. Timings are never asserted anywhere; this gat
 
     python bench/suite.py               # quick mode (default), < 10 min on 2 cores
     python bench/suite.py --full        # OSU sweep 4 B .. 64 MiB, all collectives and variants
+    sudo python bench/suite.py --nodes  # and across 2 emulated nodes (bench/net_bridge.py)
     python -m hbmcoll.bench [same options]
 """
 import argparse
@@ -81,6 +82,9 @@ def args_parser():
     ap.add_argument("--no-oversub", action="store_true")
     ap.add_argument("--no-limits", action="store_true", help="skip the copy-bandwidth limit")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--nodes", action="store_true",
+                    help="also across 2 emulated nodes, 1 and 2 ranks each, links uncapped and capped "
+                         "(bench/net_bridge.py: hbmcoll, gloo, MPICH; needs root) -> nodes.md")
     ap.add_argument("--timeout", type=float, help="seconds per launch before it is killed")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="before each launch wait up to this long for the CPUs to be idle "
@@ -395,9 +399,26 @@ def main(argv=None):
     except OSError:
         shutil.copytree(outdir, latest, ignore=shutil.ignore_patterns("raw"))
     print(md)
+    if a.nodes:
+        across_nodes(outdir, cfg["rounds"])
     print(f"\n[bench] results in {outdir} ({meta['wall_s']:.0f} s)", file=sys.stderr)
     bad = [r for r in records if r["status"] != "ok"]
     return 1 if bad and not rows else 0
+
+
+def across_nodes(outdir, rounds):
+    """bench/net_bridge.py's tables (2 nodes x 1 and x 2 ranks, uncapped and at 2 Gbit) into
+    nodes.md and on stdout."""
+    if os.geteuid() != 0:
+        print("[bench] --nodes skipped: emulated nodes (network namespaces) need root", file=sys.stderr)
+        return
+    out = subprocess.run([sys.executable, os.path.join(HERE, "net_bridge.py"), "--rounds", str(min(rounds, 3))],
+                         capture_output=True, text=True)
+    with open(os.path.join(outdir, "nodes.md"), "w") as f:
+        f.write(out.stdout)
+    print(out.stdout)
+    if out.returncode:
+        print(f"[bench] net_bridge.py failed: {out.stderr[-800:]}", file=sys.stderr)
 
 
 if __name__ == "__main__":

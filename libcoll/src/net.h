@@ -73,6 +73,12 @@ int coll__net_add_peer(coll__net_t *net, const uint8_t *card, size_t len, int *p
  * or *sent_p (if not NULL) grown by one, which the polls do when it completes. */
 int coll__net_write(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
                     uint64_t *sent_p, char *err, size_t errlen);
+/* 1 where writes may come from any of my memory (tcp: no FI_MR_LOCAL), 0 where only from my
+ * registered pool (verbs). Then coll__net_write_from writes len bytes at src, which must stay
+ * unchanged until the write completed, as above; COLL_EBADARG where the provider cannot. */
+int coll__net_any_source(const coll__net_t *net);
+int coll__net_write_from(coll__net_t *net, int peer, const void *src, size_t len, size_t to, uint32_t note,
+                         uint64_t *sent_p, char *err, size_t errlen);
 /* Until every write I posted completed (my pool may be reused). */
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
 /* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a

@@ -66,6 +66,7 @@ struct coll__net {
   size_t pool_bytes;
   uint64_t key;
   int virt_addr, rx_cq_data;
+  int mr_local; /* FI_MR_LOCAL: what we write from must be registered (verbs) */
   net_peer_t *peers;
   int npeers, cap;
   uint64_t posted, completed; /* my writes */
@@ -206,6 +207,7 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
   n->key = fi_mr_key(n->mr);
   n->desc = fi_mr_desc(n->mr);
   n->virt_addr = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  n->mr_local = (mr_mode & FI_MR_LOCAL) != 0;
   n->rx_cq_data = (n->info->mode & FI_RX_CQ_DATA) != 0;
   if (n->rx_cq_data && (rc = net_post_receives(n, NET_RX_POSTED)) != 0)
     return net_fail(err, errlen, rc, "fi_recv");
@@ -379,15 +381,13 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
   return rc;
 }
 
-int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
-                    uint64_t *sent_p, char *err, size_t errlen) {
-  if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
-    return COLL_EBADARG;
+/* Post one write from src (desc: its registration, NULL where the provider needs none). */
+static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_t to, size_t len,
+                    uint32_t note, uint64_t *sent_p, char *err, size_t errlen) {
   const net_peer_t *p = &n->peers[peer];
   double until = n->timeout_s ? net_now() + n->timeout_s : 0;
   for (unsigned spins = 1;; spins++) {
-    ssize_t rc = fi_writedata(n->ep, n->pool + from, len, n->desc, note, p->addr, p->base + to,
-                              p->key, sent_p);
+    ssize_t rc = fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
     /* the provider wants progress (rxm connects on demand); it retries a peer that went away
@@ -397,6 +397,21 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
   }
   n->posted++;
   return 0;
+}
+
+int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                    uint64_t *sent_p, char *err, size_t errlen) {
+  if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
+    return COLL_EBADARG;
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, sent_p, err, errlen);
+}
+
+int coll__net_any_source(const coll__net_t *n) { return !n->mr_local; }
+
+int coll__net_write_from(coll__net_t *n, int peer, const void *src, size_t len, size_t to, uint32_t note,
+                         uint64_t *sent_p, char *err, size_t errlen) {
+  if (peer < 0 || peer >= n->npeers || n->mr_local || len > n->pool_bytes) return COLL_EBADARG;
+  return net_post(n, peer, src, NULL, to, len, note, sent_p, err, errlen);
 }
 
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {

@@ -12,8 +12,9 @@
  *
  * One transfer (transfer number t, counted on across collectives): wait for the credit of
  * t - 2 (the right neighbour has consumed slot t % 2), wait until my write of t - 2 left my
- * send slot, stage the chunk in send slot t % 2 and write it into the right neighbour's
- * receive slot t % 2 with the note t; then wait for the left neighbour's note t, take its
+ * send slot, stage the chunk in send slot t % 2 (or, where the provider writes from any
+ * memory, tcp, from the caller's buffer as it is: one copy less) and write it into the right
+ * neighbour's receive slot t % 2 with the note t; then wait for the left neighbour's note t, take its
  * chunk out of my receive slot t % 2 and send the left neighbour credit t. Notes can arrive
  * in any order, so the last few of each kind are kept by number.
  */
@@ -38,6 +39,7 @@ struct coll__net_ring {
   /* the last notes of each kind by number, UINT32_MAX where none came (numbers are < 2^31) */
   uint32_t data_seen[RING_SEEN], credit_seen[RING_SEEN];
   uint64_t staged[2], sent[2]; /* writes from each send slot: posted, completed */
+  int direct;         /* chunks written straight from the caller's buffer, not staged */
 };
 
 static size_t ring_send_off(const coll__net_ring_t *r, uint32_t t) { return (t & 1) * r->chunk; }
@@ -52,6 +54,7 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
   if (r == NULL) return -ENOMEM;
   r->net = net, r->n = n, r->me = me, r->left = left, r->right = right;
   r->chunk = ((pool - RING_SCRATCH) / 4) & ~(size_t)63;
+  r->direct = coll__net_any_source(net);
   memset(r->data_seen, 0xff, sizeof r->data_seen);
   memset(r->credit_seen, 0xff, sizeof r->credit_seen);
   *ring_p = r;
@@ -124,8 +127,11 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
   if (t >= 2 && (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
     return rc;
   if ((rc = ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
-  if (st->send_len) memcpy(pool + ring_send_off(r, t), st->src, st->send_len);
   r->staged[t & 1]++;
+  if (r->direct && st->send_len)
+    return coll__net_write_from(r->net, r->right, st->src, st->send_len, ring_recv_off(r, t), t,
+                                &r->sent[t & 1], err, errlen);
+  if (st->send_len) memcpy(pool + ring_send_off(r, t), st->src, st->send_len);
   /* at least one byte: an empty chunk still carries its note */
   return coll__net_write(r->net, r->right, ring_send_off(r, t), ring_recv_off(r, t),
                          st->send_len ? st->send_len : 1, t, &r->sent[t & 1], err, errlen);
@@ -185,6 +191,10 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
     uint32_t t = (uint32_t)(t0 + i) & ~RING_CREDIT, u = (t + 1) & ~RING_CREDIT;
     ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, i + 1) : st;
     if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
+    /* the allgather overwrites what the reduce-scatter sent K(n-1) transfers before: written
+     * straight from here, that write must have left first (at most two are in flight) */
+    if (rc == 0 && r->direct && first == 0 && i >= K * (n - 1))
+      rc = ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & ~RING_CREDIT, timeout_s, err, errlen);
     if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
     if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     st = next;
