@@ -112,8 +112,11 @@ class Request:
 class NodesCommunicator:
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
-    def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher):
+    def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher, iface, pool_bytes,
+                 parent=None):
         self._local, self._layout, self._bridge, self._watch = local, layout, bridge, watch
+        self._iface, self._pool_bytes = iface, pool_bytes  # for the endpoints of split()
+        self._parent, self._children, self._retired = parent, [], []
         self.rank, self.size, self.launcher = rank, size, launcher
         self.node, self.nodes = layout.node, len(layout.nodes)
         self.local_rank, self.local_size = local.rank, local.size
@@ -127,7 +130,10 @@ class NodesCommunicator:
         self._lock = threading.Lock()           # held while a collective runs
         self._queue, self._worker, self._last = queue.Queue(), None, None
         local._c.allow_any_thread()             # this class orders the calls itself
-        atexit.register(self.close)             # the goodbye is collective: see close()
+        if parent is None:
+            atexit.register(self.close)         # the goodbye is collective: see close()
+        else:
+            parent._children.append(self)
 
     def __repr__(self):
         where = self._bridge.describe() if self._bridge is not None else "no bridge endpoint (beyond the rings)"
@@ -464,22 +470,39 @@ class NodesCommunicator:
         return self._local.empty(shape, dtype)
 
     # -- ending --------------------------------------------------------------------------------
+    def split(self, color, key=0):
+        """Ranks with equal color form a new communicator ordered by (key, rank), across nodes
+        as well; color=None (or negative) joins none and gets None. Every rank calls it."""
+        from .subnodes import split
+        return self._call(lambda: split(self, color, key))
+
     def close(self):
-        """Collective across nodes (as the endpoints must outlive the peers' last writes)."""
+        """Collective across nodes (as the endpoints must outlive the peers' last writes): the
+        sub-communicators first, then the goodbye on the parent's connections, then the
+        endpoints, a sub-communicator's among them."""
         if self._closed:
             return
+        for child in list(self._children):
+            child.close()
         self._closed = True
-        atexit.unregister(self.close)
         if self._worker is not None:
             self._queue.put(None)
             self._worker.join()
+        if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
+            self._parent._children.remove(self)
+            if self._bridge is not None:
+                self._parent._retired.append(self._bridge)
+            self._local.close()
+            return
+        atexit.unregister(self.close)
         if self._watch is not None:
             if self._failed:
                 self._watch.abort()
             else:
                 self._watch.close()
-        if self._bridge is not None:
-            self._bridge.close()
+        for bridge in [self._bridge] + self._retired:
+            if bridge is not None:
+                bridge.close()
         self._local.close()
 
     def abort(self):
@@ -498,5 +521,5 @@ class NodesCommunicator:
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        raise NotSupportedError(f"{name}: not built across nodes yet (the collectives, their i-variants "
-                                "and empty() are); run it on one node, or through gloo or MPI")
+        raise NotSupportedError(f"{name}: not built across nodes yet (the collectives, their i-variants, "
+                                "split() and empty() are); run it on one node, or through gloo or MPI")

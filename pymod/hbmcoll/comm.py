@@ -438,7 +438,7 @@ def _init_across_nodes(info, generation, timeout, env_timeout):
     if info.rank == 0:
         layout.say(lay, bridge, os.environ)
     return across.NodesCommunicator(local, lay, bridge, watch, info.rank, info.size, timeout or env_timeout,
-                                    info.launcher)
+                                    info.launcher, iface, layout.POOL_BYTES)
 
 
 def _init_from_mpi(mpi_comm, generation, timeout):
@@ -495,4 +495,5 @@ def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
             listener.close()
     if rank == 0:
         layout.say(lay, bridge, os.environ)
-    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, "mpi4py")
+    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, "mpi4py",
+                                    iface, layout.POOL_BYTES)

@@ -38,6 +38,7 @@ from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
 # own rendezvous waits 900 s too): a node that never comes is an error, not a hang.
 RENDEZVOUS_S = 900
+POOL_BYTES = 4 << 20  # each endpoint's registered pool: 4 slots of about 1 MiB
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,11 @@ def _share(local, blob):
     return buf.tobytes()
 
 
-def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4 << 20):
+def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=None):
     """(layout, bridge or None, watch or None) of this rank; where_of(l) is the rendezvous of
     ring l ((addr, port), or for the member that listens, possibly a listening socket)."""
     ranks = [int(r) for r in local.allgather(np.array([rank], dtype=np.int64)).reshape(-1)]
+    pool_bytes = pool_bytes or POOL_BYTES
     bridge = watch = None
     shared = True  # until the layout is shared, every local rank fails alike
     timeout = timeout or RENDEZVOUS_S
@@ -225,9 +227,9 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4
             cards = [got[i] for i in range(len(layout.nodes))]
         shared = False  # from here on a failure is this rank's alone
         if bridge is not None:
-            _ring(bridge, layout, cards)
+            ring(bridge, layout, cards)
             bridge.watch(watch.fileno(), "the job's other nodes")
-            _probe(bridge, layout, min(timeout, 60))
+            probe(bridge, layout, min(timeout, 60))
         return layout, bridge, watch
     except BaseException:
         if not shared:
@@ -239,7 +241,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=4
         raise
 
 
-def _probe(bridge, layout, timeout):
+def probe(bridge, layout, timeout):
     """One word around the ring, so that an endpoint the others cannot reach is an error here
     rather than a hang in the first collective."""
     try:
@@ -250,7 +252,8 @@ def _probe(bridge, layout, timeout):
                              f"every node, and that {', '.join(layout.names)} reach each other)") from None
 
 
-def _ring(bridge, layout, cards):
+def ring(bridge, layout, cards):
+    """Join bridge to its ring: cards[i] is the card of this ring's member on node i."""
     n, me = len(layout.nodes), layout.node
     if n == 1:
         bridge.ring(1, 0, -1, -1)

@@ -94,11 +94,33 @@ c.allreduce(t)
 assert torch.equal(t, sum(torch.arange(10, dtype=torch.bfloat16) + r for r in range(P)))
 tg = c.allgather(torch.tensor([c.rank, c.node], dtype=torch.int32))
 assert [int(v) for v in tg[:, 0]] == list(range(P)) and int(tg[c.rank, 1]) == c.node
-try:
-    c.split(0)
-except hbmcoll.errors.NotSupportedError as e:
-    assert "across nodes" in str(e)
-else:
-    raise AssertionError("split across nodes did not refuse")
+# sub-communicators: one per parity, ordered backwards (across the nodes whenever a parity
+# has ranks on both), one per node, one without rank 0, and a split of a split
+members = [r for r in range(P) if r % 2 == c.rank % 2][::-1]
+sub = c.split(c.rank % 2, key=-c.rank)
+assert (sub.rank, sub.size) == (members.index(c.rank), len(members)), (sub.rank, sub.size)
+assert list(sub.allgather(np.array([c.rank], np.int64)).reshape(-1)) == members
+x = np.full(3, float(c.rank))
+sub.allreduce(x)
+assert np.all(x == sum(members)), x
+b = np.array([c.rank * 10], np.int64)
+sub.bcast(b, root=sub.size - 1)
+assert b[0] == members[-1] * 10, b
+half = sub.split(0 if sub.rank < 2 else None)
+if half is not None:
+    assert half.allgather(np.array([c.rank], np.int64)).reshape(-1).tolist() == members[:2]
+    half.close()
+bynode = c.split(c.node)
+assert bynode.size == c.local_size
+rest = c.split(None if c.rank == 0 else 1)
+assert (rest is None) == (c.rank == 0)
+if rest is not None:
+    y = np.ones(2)
+    rest.allreduce(y)
+    assert y[0] == P - 1, y
+    rest.close()
+bynode.close()
+sub.close()
+c.barrier()
 say("rank", c.rank, "of", c.size, "node", c.node, "ok")
 c.close()

@@ -5,7 +5,8 @@
   float32, int32 and float64 for counts 1 to 256 Ki against NumPy, op sum/max/avg, the same
   bits on every rank for inexact float sums, bcast from every rank, barrier, allgather,
   gather/scatter/reduce to the first and last rank, reduce_scatter, alltoall, i-variants in
-  flight together, torch tensors (bfloat16); split refuses with NotSupportedError;
+  flight together, torch tensors (bfloat16); split into groups that span the nodes (ordered by
+  key), that stay on one node, that leave a rank out, and a split of a split;
 - ranks calling allreduce with different counts (the nodes differ, the ranks of a node differ,
   one rank differs): MismatchError on every rank, and the communicator works on;
 - a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
