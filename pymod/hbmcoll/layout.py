@@ -268,6 +268,7 @@ def say(layout, bridge, env):
     if env.get("HBMCOLL_QUIET"):
         return
     counts = sorted({len(r) for r in layout.nodes})
-    per = f"{counts[0]} ranks" if len(counts) == 1 else f"{'/'.join(str(len(r)) for r in layout.nodes)} ranks"
+    per = f"{counts[0]} rank{'s' * (counts[0] > 1)}" if len(counts) == 1 else \
+        f"{'/'.join(str(len(r)) for r in layout.nodes)} ranks"
     print(f"hbmcoll: {len(layout.nodes)} nodes x {per}, {layout.rings} ring(s), bridge: {bridge.describe()}",
           file=sys.stderr, flush=True)

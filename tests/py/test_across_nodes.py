@@ -14,6 +14,7 @@
   float rounding: the sums are taken in another order) and the same bits on every rank;
 - a Horovod-style script (import hbmcoll.torch as hvd: broadcast_parameters, DistributedOptimizer,
   object collectives) across 2 x 2 ranks ends with the same weights on every rank;
+- a Horovod-style Keras script (hbmcoll.tensorflow) across 2 x 1 ranks, the same;
 - without HBMCOLL_JOB_KEY every rank stops at init with one clear error; so does every rank of
   both nodes when one node's bridge is on loopback, on an interface that does not exist, or
   asks for a provider that is missing.
@@ -57,7 +58,7 @@ def test_torchrun_two_nodes(two_nodes, per_node):
     for i, (rc, out, err) in enumerate(res):
         assert rc == 0, (i, out, err[-3000:])
         assert out.count(" ok") == counts[i], out
-    shape = f"{counts[0]} ranks" if counts[0] == counts[1] else f"{counts[0]}/{counts[1]} ranks"
+    shape = f"{counts[0]} rank{'s' * (counts[0] > 1)}" if counts[0] == counts[1] else f"{counts[0]}/{counts[1]} ranks"
     assert f"2 nodes x {shape}, {min(counts)} ring(s), bridge: provider tcp;ofi_rxm" in res[0][2], res[0][2][-2000:]
 
 
@@ -73,6 +74,14 @@ def test_horovod_style_script_across_nodes(two_nodes):
     res = _torchrun(two_nodes, 2, 29745, {"HBMCOLL_JOB_KEY": "k" * 32}, job)
     for i, (rc, out, err) in enumerate(res):
         assert rc == 0 and out.count("horovod ok") == 2, (i, out, err[-3000:])
+
+
+def test_keras_script_across_nodes(two_nodes):
+    pytest.importorskip("tensorflow")
+    job = os.path.join(os.path.dirname(JOB), "keras_job.py")
+    res = _torchrun(two_nodes, 1, 29748, {"HBMCOLL_JOB_KEY": "k" * 32, "TF_CPP_MIN_LOG_LEVEL": "2"}, job)
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count("keras ok") == 1, (i, out, err[-3000:])
 
 
 def test_disagreeing_nodes_are_mismatch_everywhere(two_nodes):

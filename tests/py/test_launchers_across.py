@@ -1,7 +1,8 @@
 """hbmcoll.init() across emulated nodes (netnodes.py) under each launcher but torchrun
 (test_across_nodes.py), every rank running across_job.py (every collective against NumPy):
 
-- hbmcoll-run on each node with --nnodes 2 --node-rank R --master 10.77.0.1;
+- hbmcoll-run on each node with --nnodes 2 --node-rank R --master 10.77.0.1; and 3 nodes with 1%
+  of the frames between them dropped;
 - MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
   namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
   the other); without MASTER_ADDR one clear error on every rank;
@@ -45,6 +46,18 @@ def test_hbmcoll_run_two_nodes(emulated_nodes):
     res = netnodes.finish(procs, 240)
     _check(res, (2, 2))
     assert "2 nodes x 2 ranks, 2 ring(s)" in res[0][2]
+
+
+def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
+    nodes = emulated_nodes(3)
+    nodes.loss(1)  # 1% of the bridge's frames dropped (nft): tcp retransmits, results stay exact
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "3", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29820", JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for i in range(3)]
+    res = netnodes.finish(procs, 300)
+    _check(res, (1, 1, 1))
+    assert "3 nodes x 1 rank, 1 ring(s)" in res[0][2]
 
 
 def _mpiexec(nodes, tmp_path, hosts, n, env, *args):
