@@ -35,7 +35,9 @@ temporary, then copies), and uneven all_to_all splits (padded to the largest blo
 Groups: the world group joins the communicator of the launcher's environment (``hbmcoll.init``)
 when that environment describes the same rank and size, across nodes too; otherwise (``mp.spawn`` with explicit
 ranks, sub-groups from ``new_group``) rank 0 of the group puts a fresh job key into the group's
-torch Store, the other members read it, and the members build an hbmcoll communicator of their own.
+torch Store, the other members read it, and the members build an hbmcoll communicator of their own;
+members on several nodes (by node name, through the store) also swap their rendezvous addresses
+and a secret through the store, and build a NodesCommunicator.
 That needs only the members: torch calls the creator on members only, so ``comm.split`` (which the
 whole parent communicator must call) cannot be used for ``new_group``.
 """
@@ -48,7 +50,7 @@ import torch.distributed as dist
 
 from . import _core
 from . import comm as _comm
-from .errors import ArgumentError, NotSupportedError
+from .errors import ArgumentError
 from . import launch_env
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
                              _inout, _out_buf, _plain, _unit_count)
@@ -463,17 +465,24 @@ def _store_key(store, rank):
 _world_placement = None
 
 
-def _one_node(store, rank, size):
-    """Groups other than the launcher's world are built over shared memory: refuse one whose
-    members are on several nodes (every member sees the same names, so all raise)."""
+def _node_names(store, rank, size):
+    """Every member's node name (HBMCOLL_NODE, else the hostname), by group rank."""
     from .layout import node_name
 
     store.set(f"hbmcoll/node/{rank}", node_name(os.environ))
-    names = {store.get(f"hbmcoll/node/{r}").decode() for r in range(size)}
-    if len(names) > 1:
-        raise NotSupportedError(f"this group's members are on {len(names)} nodes ({', '.join(sorted(names))}): "
-                                "hbmcoll's torch groups span nodes only as the launcher's world group so far; "
-                                "use backend='gloo' for this group")
+    return [store.get(f"hbmcoll/node/{r}").decode() for r in range(size)]
+
+
+def _store_swap(store, rank, size):
+    """swap(value): every member's value (JSON), by group rank, through the group's store."""
+    import json
+    calls = [0]
+
+    def swap(value):
+        calls[0] += 1
+        store.set(f"hbmcoll/swap{calls[0]}/{rank}", json.dumps(value))
+        return [json.loads(store.get(f"hbmcoll/swap{calls[0]}/{r}")) for r in range(size)]
+    return swap
 
 
 def _env_matches(rank, size):
@@ -496,8 +505,13 @@ def create(store, rank, size, timeout):
         comm = _comm.init(timeout=t)
         _world_placement = comm._placement
     else:
-        _one_node(store, rank, size)
+        names = _node_names(store, rank, size)
         key = _store_key(store, rank)
+        if len(set(names)) > 1:  # members on several nodes: they meet through the store
+            comm = _comm._init_by_names(rank, size, names, key, _store_swap(store, rank, size),
+                                        0, t, "torch.distributed", None if default_group else _world_placement)
+            comm._allow_any_thread()
+            return ProcessGroupHbmcoll(comm, rank, size)
         if default_group or _world_placement is None:
             info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                          job_key=key, launcher="torch.distributed")

@@ -457,12 +457,18 @@ def _init_from_mpi(mpi_comm, generation, timeout):
 
 
 def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
-    """The MPI communicator spans nodes (names: each rank's node name): the nodes meet as under a
-    launcher, at rendezvous that node 0's ring carriers open on ports of their choosing, told
-    to everyone over MPI with the job's secret."""
+    """The MPI communicator spans nodes: MPI carries the bootstrap (_init_by_names)."""
+    return _init_by_names(mpi_comm.Get_rank(), mpi_comm.Get_size(), names, key, mpi_comm.allgather,
+                          generation, timeout, "mpi4py")
+
+
+def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, placement=None):
+    """A NodesCommunicator of ranks that know each other's node names (names[r]) and can already
+    swap small values (swap(v): every rank's v, by rank; MPI, a torch Store): the nodes meet as
+    under a launcher, at rendezvous that node 0's ring carriers open on ports of their choosing,
+    told to everyone by swap with the job's secret."""
     from . import across, layout
 
-    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     here = [r for r in range(size) if names[r] == names[rank]]
     local_rank, local_size = here.index(rank), len(here)
     order = list(dict.fromkeys(names))  # nodes by lowest rank
@@ -470,17 +476,17 @@ def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
     listener = None
     if names[rank] == names[0] and local_rank < rings:
         listener = socket.create_server((layout.listen_address(os.environ), 0))
-    where = mpi_comm.allgather(listener.getsockname()[:2] if listener else None)
-    secret = mpi_comm.bcast(secrets.token_hex(32) if rank == 0 else None, root=0)
+    where = swap(listener.getsockname()[:2] if listener else None)
+    secret = swap(secrets.token_hex(32) if rank == 0 else None)[0]
     node0 = [r for r in range(size) if names[r] == names[0]]
     env_timeout = _core.env_check()
     try:
         info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
-                                     job_key=f"mpi.{os.getuid()}.{key}/{order.index(names[rank])}",
-                                     launcher="mpi4py")
-        placement = _place(info)
+                                     job_key=f"{launcher}.{os.getuid()}.{key}/{order.index(names[rank])}",
+                                     launcher=launcher)
+        placement = placement or _place(info)
         core = _core.Comm(local_rank, local_size, f"{info.job_key}/w{generation}", timeout, placement)
-        local = Communicator(core, local_rank, local_size, "mpi4py", placement)
+        local = Communicator(core, local_rank, local_size, launcher, placement)
         try:
             iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(where[0][0])
             lay, bridge, watch = layout.find(
@@ -495,5 +501,5 @@ def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
             listener.close()
     if rank == 0:
         layout.say(lay, bridge, os.environ)
-    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, "mpi4py",
+    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, launcher,
                                     iface, layout.POOL_BYTES)

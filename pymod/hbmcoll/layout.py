@@ -94,9 +94,8 @@ def meeting_point(env, launcher):
 def iface_to(addr):
     """The name of the interface whose address this host uses to reach addr."""
     try:
+        mine = _address_toward(addr)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((addr, 9))
-            mine = s.getsockname()[0]
             for _, name in socket.if_nameindex():
                 try:
                     got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
@@ -121,17 +120,24 @@ def iface_address(name):
     return socket.inet_ntoa(got[20:24])
 
 
+def _address_toward(addr):
+    """This host's address on the way to addr."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return s.getsockname()[0]
+
+
 def listen_address(env):
-    """Where this node can be reached by the others, for a rendezvous it serves itself (mpi4py)."""
-    addr = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
-    if addr:
-        return addr
+    """Where this node can be reached by the others, for a rendezvous it serves itself (mpi4py,
+    torch groups): HBMCOLL_IFACE's address, else the one toward HBMCOLL_MASTER / MASTER_ADDR,
+    else the hostname's."""
     if env.get("HBMCOLL_IFACE"):
         return iface_address(env["HBMCOLL_IFACE"])
-    addr = socket.gethostbyname(socket.gethostname())
+    master = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
+    addr = _address_toward(master) if master else socket.gethostbyname(socket.gethostname())
     if addr.startswith("127."):
-        raise ArgumentError(f"this node's name resolves to {addr}, which the other nodes cannot reach: set "
-                            "HBMCOLL_IFACE to the interface toward them")
+        raise ArgumentError(f"this node's address for the other nodes resolves to {addr}, which they cannot "
+                            "reach: set HBMCOLL_IFACE to the interface toward them")
     return addr
 
 

@@ -1,6 +1,7 @@
 """A rank of DDP across emulated nodes (test_across_nodes.py): the same model trained twice from
 the same start on the same data, once over the default group (backend hbmcoll, across the nodes)
-and once over a gloo group, then the weights compared. Prints "ddp ok <max difference>".
+and once over a gloo group, then the weights compared; and a sub-group of the first and the last
+rank (on different nodes). Prints "ddp ok <max difference>".
 """
 import os
 import zlib
@@ -32,6 +33,15 @@ def train(group):
 dist.init_process_group("hbmcoll")
 assert dist.get_backend() == "hbmcoll"
 gloo = dist.new_group(backend="gloo")
+P, me = dist.get_world_size(), dist.get_rank()
+ends = dist.new_group([0, P - 1], backend="hbmcoll")  # one rank on each node: built through the store
+if me in (0, P - 1):
+    t = torch.tensor([float(me), 1.0])
+    dist.all_reduce(t, group=ends)
+    assert t.tolist() == [P - 1.0, 2.0], t
+    every = [torch.zeros(1) for _ in range(2)]
+    dist.all_gather(every, torch.tensor([float(me)]), group=ends)
+    assert [float(v) for v in every] == [0.0, P - 1.0], every
 ours, theirs = train(None), train(gloo)
 same = torch.tensor([zlib.crc32(ours.numpy().tobytes())], dtype=torch.int64)
 every = [torch.zeros_like(same) for _ in range(dist.get_world_size())]

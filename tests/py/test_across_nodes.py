@@ -11,7 +11,8 @@
   one rank differs): MismatchError on every rank, and the communicator works on;
 - a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
 - DDP over init_process_group("hbmcoll") across 2 x 2 ranks ends with gloo's weights (within
-  float rounding: the sums are taken in another order) and the same bits on every rank;
+  float rounding: the sums are taken in another order) and the same bits on every rank; a
+  new_group of one rank on each node works (its members meet through torch's store);
 - a Horovod-style script (import hbmcoll.torch as hvd: broadcast_parameters, DistributedOptimizer,
   object collectives) across 2 x 2 ranks ends with the same weights on every rank;
 - a Horovod-style Keras script (hbmcoll.tensorflow) across 2 x 1 ranks, the same;
