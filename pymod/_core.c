@@ -17,8 +17,8 @@
 
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
 
-/* Called by libcoll from long waits in the caller's thread. */
-static int hb_interrupt(void *arg) {
+/* Called by libcoll from long waits in the caller's thread (and by the bridge's). */
+int hb_interrupt(void *arg) {
   (void)arg;
   PyGILState_STATE g = PyGILState_Ensure();
   int rc = PyErr_CheckSignals(); /* leaves the exception set on this thread */

@@ -47,6 +47,7 @@ static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return NULL;
   }
   self->net = net;
+  coll__net_set_interrupt(net, hb_interrupt, NULL); /* Ctrl-C ends a wait on another node */
   return (PyObject *)self;
 }
 
@@ -148,6 +149,7 @@ static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int
   Py_END_ALLOW_THREADS
   self->busy = 0;
   hb_buf_release(&b);
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
   Py_RETURN_NONE;
 }

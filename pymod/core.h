@@ -42,6 +42,9 @@ typedef struct {
 
 /* buffer.c */
 int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
+/* For waits without the GIL: runs Python's signal handlers; nonzero (the exception set on this
+ * thread) when one raised, e.g. KeyboardInterrupt on Ctrl-C. */
+int hb_interrupt(void *arg);
 void hb_buf_release(hb_buf_t *b);
 
 /* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */

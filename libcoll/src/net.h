@@ -53,6 +53,12 @@ void coll__net_set_timeout(coll__net_t *net, double timeout_s);
  * node that goes away ends every wait without a time limit. The caller owns fd. */
 void coll__net_watch(coll__net_t *net, int fd, const char *what);
 
+/* Waits that find nothing call fn(arg) every few tens of ms; nonzero ends the wait with
+ * COLL_EINTERRUPTED (the Python layer checks for Ctrl-C here). NULL: none (the default). */
+void coll__net_set_interrupt(coll__net_t *net, int (*fn)(void *), void *arg);
+/* Whether a wait that found nothing for a while should stop: 1 once fn said so. */
+int coll__net_interrupted(coll__net_t *net);
+
 /* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0". */
 const char *coll__net_describe(const coll__net_t *net);
 /* This rank's pool (the bytes peers write; also the source of its own writes). */

@@ -20,6 +20,8 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
 void coll__net_close(coll__net_t *net) { (void)net; }
 void coll__net_set_timeout(coll__net_t *net, double timeout_s) { (void)net, (void)timeout_s; }
 void coll__net_watch(coll__net_t *net, int fd, const char *what) { (void)net, (void)fd, (void)what; }
+void coll__net_set_interrupt(coll__net_t *net, int (*fn)(void *), void *arg) { (void)net, (void)fn, (void)arg; }
+int coll__net_interrupted(coll__net_t *net) { return (void)net, 0; }
 const char *coll__net_describe(const coll__net_t *net) { return (void)net, "no bridge"; }
 uint8_t *coll__net_pool(coll__net_t *net) { return (void)net, NULL; }
 size_t coll__net_pool_bytes(const coll__net_t *net) { return (void)net, 0; }

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -42,6 +43,7 @@
 #define NET_RX_POSTED 64          /* empty receives kept posted under FI_RX_CQ_DATA */
 #define NET_CARD_MAGIC 0x48424e43u /* "HBNC" */
 #define NET_KEY 0xC011u            /* the key we pick where the provider lets us */
+#define NET_INTERRUPT_S 0.03       /* how often an idle wait asks whether to stop (Ctrl-C) */
 
 typedef struct {
   uint32_t magic, addrlen;
@@ -67,6 +69,9 @@ struct coll__net {
   uint64_t key;
   int virt_addr, rx_cq_data;
   int mr_local; /* FI_MR_LOCAL: what we write from must be registered (verbs) */
+  int (*interrupt_fn)(void *);
+  void *interrupt_arg;
+  double next_interrupt_check;
   net_peer_t *peers;
   int npeers, cap;
   uint64_t posted, completed; /* my writes */
@@ -214,8 +219,25 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
   return 0;
 }
 
+/* libfabric's providers install handlers for SIGINT, SIGTERM, SIGSEGV ... when they load (the
+ * shm provider, to unlink its regions, then exits): the process's own (Python's, which turns
+ * Ctrl-C into KeyboardInterrupt) would be gone. Opening keeps the dispositions it found. */
+static const int net_kept_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGFPE};
+#define NET_KEPT (sizeof net_kept_signals / sizeof net_kept_signals[0])
+
+static int net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err, size_t errlen);
+
 int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
                    size_t errlen) {
+  struct sigaction kept[NET_KEPT];
+  for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], NULL, &kept[i]);
+  int rc = net_open(iface, pool_bytes, net_p, err, errlen);
+  for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], &kept[i], NULL);
+  return rc;
+}
+
+static int net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+                    size_t errlen) {
   int rc = net_load(err, errlen);
   if (rc) return rc;
   struct fi_info *hints = net_fi.dupinfo(NULL), *list = NULL;
@@ -377,7 +399,13 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
   uint32_t got;
   rc = net_read_one(n, &got, err, errlen);
   if (rc == 1) return net_queue(n, got);
-  if (rc == 0) coll__net_idle(spins);
+  if (rc == 0) {
+    coll__net_idle(spins);
+    if ((spins & 255) == 0 && coll__net_interrupted(n)) {
+      snprintf(err, errlen, "interrupted by a signal while waiting on another node's rank");
+      return COLL_EINTERRUPTED;
+    }
+  }
   return rc;
 }
 
@@ -407,6 +435,18 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
 }
 
 int coll__net_any_source(const coll__net_t *n) { return !n->mr_local; }
+
+void coll__net_set_interrupt(coll__net_t *n, int (*fn)(void *), void *arg) {
+  n->interrupt_fn = fn, n->interrupt_arg = arg;
+}
+
+int coll__net_interrupted(coll__net_t *n) {
+  if (n->interrupt_fn == NULL) return 0;
+  double now = net_now();
+  if (now < n->next_interrupt_check) return 0;
+  n->next_interrupt_check = now + NET_INTERRUPT_S;
+  return n->interrupt_fn(n->interrupt_arg) != 0;
+}
 
 int coll__net_write_from(coll__net_t *n, int peer, const void *src, size_t len, size_t to, uint32_t note,
                          uint64_t *sent_p, char *err, size_t errlen) {

@@ -102,6 +102,10 @@ static int ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s
       continue;
     }
     coll__net_idle(spins);
+    if ((spins & 255) == 0 && coll__net_interrupted(r->net)) {
+      snprintf(err, errlen, "interrupted while waiting for %s (transfer %u)", ring_waits_for[what], (unsigned)t);
+      return COLL_EINTERRUPTED;
+    }
     if (until && (spins & 1023) == 0 && ring_now() > until) {
       snprintf(err, errlen, "waited %.0f s for %s (transfer %u)", timeout_s, ring_waits_for[what], (unsigned)t);
       return -ETIMEDOUT;

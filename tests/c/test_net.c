@@ -224,6 +224,33 @@ static void run_nodes(const char *name, int loss_pct) {
   netns_down(&ns);
 }
 
+/* Opening an endpoint leaves the process's signal handlers as it found them (libfabric's
+ * providers would put their own on SIGINT, SIGTERM, SIGSEGV ...). */
+static int kept_seen;
+static void kept_handler(int sig) { kept_seen = sig; }
+
+static void check_signals_kept(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    char err[256] = "";
+    coll__net_t *n = NULL;
+    setenv("FI_PROVIDER", "tcp", 1);
+    signal(SIGINT, kept_handler);
+    signal(SIGTERM, SIG_DFL);
+    if (coll__net_open(NULL, 65536, &n, err, sizeof err) != 0) _exit(2);
+    struct sigaction a, b;
+    sigaction(SIGINT, NULL, &a);
+    sigaction(SIGTERM, NULL, &b);
+    coll__net_close(n);
+    _exit(a.sa_handler == kept_handler && b.sa_handler == SIG_DFL ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  record(ok, "net: opening keeps the signal handlers", 1, 0,
+         ok ? NULL : WIFEXITED(st) && WEXITSTATUS(st) == 2 ? "open failed" : "a handler was replaced");
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   static const net_case_t shm = {"shm", NULL, 1}, tcp = {"tcp", "lo", 0};
@@ -231,6 +258,7 @@ int main(int argc, char **argv) {
   if (CASE("net: tcp")) run_pair("net: tcp;ofi_rxm on lo, offsets and our keys", &tcp, NULL);
   if (CASE("net: two nodes")) run_nodes("net: two nodes (namespaces), tcp;ofi_rxm", 0);
   if (CASE("net: two nodes, 1% loss")) run_nodes("net: two nodes, 1% of frames dropped", 1);
+  if (CASE("net: opening keeps")) check_signals_kept();
   if (CASE("net: a missing provider"))
     check_missing("net: a missing provider is one sentence", "nosuchprovider", NULL, "FI_PROVIDER=nosuchprovider");
   if (CASE("net: a missing interface"))

@@ -2,7 +2,8 @@
 test_launchers_across.py), whichever launcher starts it: every collective against NumPy.
 
 MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: the last rank is
-killed, the others loop until PeerLostError. With an argument "mpi", the communicator comes from
+killed, the others loop until PeerLostError; MODE=interrupt: node 0 waits in a collective that
+node 1 joins late, until Ctrl-C. With an argument "mpi", the communicator comes from
 mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well.
 """
 import os
@@ -36,6 +37,23 @@ if os.environ.get("MODE") == "mismatch":
     c.allreduce(x)
     assert np.array_equal(x, np.full(5, P, dtype=np.float32)), x
     say("rank", c.rank, "of", c.size, "node", c.node, "ok")
+    raise SystemExit(0)
+if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which comes late
+    if c.node == 0:
+        say("waiting")
+        try:
+            c.allreduce(np.ones(1000, dtype=np.float32))
+        except KeyboardInterrupt:
+            say("interrupted")
+            raise SystemExit(3)
+    else:
+        import time
+        time.sleep(8)
+        try:
+            c.allreduce(np.ones(1000, dtype=np.float32))
+        except hbmcoll.PeerLostError as e:
+            say("lost:", e)
+            raise SystemExit(5)
     raise SystemExit(0)
 if os.environ.get("MODE") == "die":
     if c.rank == P - 1:

@@ -2,7 +2,8 @@
 (test_across_nodes.py), every rank running across_job.py (every collective against NumPy):
 
 - hbmcoll-run on each node with --nnodes 2 --node-rank R --master 10.77.0.1; and 3 nodes with 1%
-  of the frames between them dropped;
+  of the frames between them dropped; Ctrl-C (through hbmcoll-run) of a rank waiting for another
+  node: KeyboardInterrupt there at once, PeerLostError on the other node;
 - MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
   namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
   the other); without MASTER_ADDR one clear error on every rank;
@@ -13,8 +14,10 @@
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -58,6 +61,22 @@ def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
     res = netnodes.finish(procs, 300)
     _check(res, (1, 1, 1))
     assert "3 nodes x 1 rank, 1 ring(s)" in res[0][2]
+
+
+def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29830", JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MODE="interrupt"))
+             for i in range(2)]
+    assert procs[0].stdout.readline().strip() == "waiting"
+    time.sleep(1)
+    procs[0].send_signal(signal.SIGINT)  # hbmcoll-run passes it on to its rank
+    t0 = time.monotonic()
+    (rc0, out0, err0), (rc1, out1, err1) = netnodes.finish(procs, 60)
+    assert rc0 != 0 and "interrupted" in out0, (out0, err0[-2000:])
+    assert time.monotonic() - t0 < 30
+    assert rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1[-2000:])
 
 
 def _mpiexec(nodes, tmp_path, hosts, n, env, *args):
