@@ -260,7 +260,13 @@ def exchange(me, where, secret, blob, complete, timeout=None):
         return _join(me, where, secret, blob, deadline)
     if isinstance(where, socket.socket):
         return _serve(where, "%s:%d" % where.getsockname()[:2], secret, blob, complete, deadline)
-    with socket.create_server(where, reuse_port=False) as srv:
+    try:
+        srv = socket.create_server(where, reuse_port=False)
+    except OSError as exc:
+        raise BootstrapError(f"member 0 cannot listen at {where[0]}:{where[1]} ({os.strerror(exc.errno)}): the rendezvous "
+                             "address (MASTER_ADDR, HBMCOLL_MASTER) must be this node's, and the port "
+                             "(HBMCOLL_PORT) free") from None
+    with srv:
         return _serve(srv, "%s:%d" % where, secret, blob, complete, deadline)
 
 

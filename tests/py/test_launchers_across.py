@@ -3,7 +3,8 @@
 
 - hbmcoll-run on each node with --nnodes 2 --node-rank R --master 10.77.0.1; and 3 nodes with 1%
   of the frames between them dropped; Ctrl-C (through hbmcoll-run) of a rank waiting for another
-  node: KeyboardInterrupt there at once, PeerLostError on the other node;
+  node: KeyboardInterrupt there at once, PeerLostError on the other node; a master address no
+  node has: one clear error on each node (node 0 at once, the other when HBMCOLL_TIMEOUT ends);
 - MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
   namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
   the other); without MASTER_ADDR one clear error on every rank;
@@ -77,6 +78,17 @@ def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
     assert rc0 != 0 and "interrupted" in out0, (out0, err0[-2000:])
     assert time.monotonic() - t0 < 30
     assert rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1[-2000:])
+
+
+def test_a_wrong_master_is_one_clear_error(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.9:29840", JOB],  # no node has 10.77.0.9
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(HBMCOLL_TIMEOUT="5"))
+             for i in range(2)]
+    (rc0, _, err0), (rc1, _, err1) = netnodes.finish(procs, 60)
+    assert rc0 != 0 and "member 0 cannot listen at 10.77.0.9:29841 (Cannot assign requested address)" in err0, err0
+    assert rc1 != 0 and "found no member 0 listening at 10.77.0.9:29841 in time" in err1, err1
 
 
 def _mpiexec(nodes, tmp_path, hosts, n, env, *args):
