@@ -5,6 +5,7 @@
   of the frames between them dropped; Ctrl-C (through hbmcoll-run) of a rank waiting for another
   node: KeyboardInterrupt there at once, PeerLostError on the other node; a master address no
   node has: one clear error on each node (node 0 at once, the other when HBMCOLL_TIMEOUT ends);
+  two nodes given one name (HBMCOLL_NODE): one clear error on both;
 - MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
   namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
   the other); without MASTER_ADDR one clear error on every rank;
@@ -89,6 +90,16 @@ def test_a_wrong_master_is_one_clear_error(emulated_nodes):
     (rc0, _, err0), (rc1, _, err1) = netnodes.finish(procs, 60)
     assert rc0 != 0 and "member 0 cannot listen at 10.77.0.9:29841 (Cannot assign requested address)" in err0, err0
     assert rc1 != 0 and "found no member 0 listening at 10.77.0.9:29841 in time" in err1, err1
+
+
+def test_two_nodes_with_one_name_are_one_clear_error(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29850", JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(HBMCOLL_NODE="twin"))
+             for i in range(2)]
+    for rc, out, err in netnodes.finish(procs, 60):
+        assert rc != 0 and "several nodes call themselves twin; give each node its own name with HBMCOLL_NODE" in err, err
 
 
 def _mpiexec(nodes, tmp_path, hosts, n, env, *args):
