@@ -9,8 +9,8 @@ with the one error that ends the job (say, two nodes that claim the same rank). 
 cannot prove the secret is refused and never sees a card.
 
 The connections stay open: they are how a lost node is noticed (Watch). When a node goes away
-its connections close without a goodbye, member 0 closes all of its own, and every member's watch
-fires.
+its connections close without a goodbye (or, when its link went down, the kernel's keepalive ends
+them), member 0 closes all of its own, and every member's watch fires.
 
     blobs, watch = exchange(me, (addr, port), secret, card, members(n), timeout)
     ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
@@ -29,6 +29,16 @@ from .errors import BootstrapError
 
 MAGIC = b"HBMN1\0"
 NONCE = 32
+KEEPALIVE_S = 5  # a node whose link is down is lost after about 10 s (_keepalive)
+
+
+def _keepalive(sock):
+    """A link that goes down leaves the connection open but silent: the kernel's keepalive probes
+    (after KEEPALIVE_S idle, then every second, 5 unanswered) end it, so the watch fires."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
 
 
 def _proof(secret, *parts):
@@ -167,6 +177,7 @@ def _serve(srv, where, secret, blob, complete, deadline):
         srv.settimeout(min(left, 1.0) if left is not None else 1.0)
         try:
             conn, _ = srv.accept()
+            _keepalive(conn)
         except socket.timeout:
             continue
         try:
@@ -219,6 +230,7 @@ def _join(me, where, secret, blob, deadline):
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=1.0)
+            _keepalive(sock)
             break
         except OSError:
             if deadline and time.monotonic() > deadline:

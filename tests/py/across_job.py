@@ -2,7 +2,7 @@
 test_launchers_across.py), whichever launcher starts it: every collective against NumPy.
 
 MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: the last rank is
-killed, the others loop until PeerLostError; MODE=interrupt: node 0 waits in a collective that
+killed, the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
 node 1 joins late, until Ctrl-C. With an argument "mpi", the communicator comes from
 mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well.
 """
@@ -55,6 +55,14 @@ if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which come
             say("lost:", e)
             raise SystemExit(5)
     raise SystemExit(0)
+if os.environ.get("MODE") == "loop":  # until the job breaks (a node's link goes down)
+    say("looping")
+    try:
+        while True:
+            c.allreduce(np.ones(1000, dtype=np.float32))
+    except hbmcoll.PeerLostError as e:
+        say("lost:", e)
+        raise SystemExit(5)
 if os.environ.get("MODE") == "die":
     if c.rank == P - 1:
         os.kill(os.getpid(), 9)

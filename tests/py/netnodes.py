@@ -73,6 +73,10 @@ class NetNodes:
             f"drops '{{ type filter hook forward priority 0 ; }}' && ip netns exec {b} nft add rule bridge "
             f"hbloss drops numgen random mod 100 '<' {pct} drop")
 
+    def link_down(self, i):
+        """Node i's link goes down (its veth, without closing any of its connections)."""
+        _sh(f"ip -n {self.names[i]} link set hbnet0 down")
+
     def ssh_stand_in(self, path):
         """Write at path a stand-in for ssh (for mpiexec's launchers): `path [opts] ADDR CMD` runs CMD
         in the node that has address ADDR, as popen() would; returns path."""
