@@ -9,7 +9,9 @@ ranks 0..R-1, R the fewest ranks of any node), so every carrier and a NIC queue 
 - gather: the node's block of bytes (the same on every local rank) is cut in R slices; carrier l
   gathers slice l of every node around ring l; a local allgather brings them to every local rank.
 
-allreduce is a local allreduce then a reduce; reduce and reduce_scatter take their part of it.
+allreduce is a local allreduce then a reduce, or where every local rank carries a ring, a local
+reduce-scatter, each slice around its ring, and a local allgather; reduce and reduce_scatter take
+their part of it.
 bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum with one term is
 exact). allgather is a local allgather then a gather of the node blocks (padded to the largest
 node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank keeping its own;
@@ -296,6 +298,9 @@ class NodesCommunicator:
                 return _fold(rows[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
             parts = self._meet("allreduce", buf, op, -1, raw, node_part)
             _raw(out)[:] = _fold(parts[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
+        elif self._layout.rings == self.local_size > 1:
+            self._agree("allreduce", buf, op, -1)
+            self._allreduce_sliced(buf, base, out)
         else:
             self._agree("allreduce", buf, op, -1)
             self._local.allreduce(buf, op=base, out=out)
@@ -303,6 +308,27 @@ class NodesCommunicator:
         if op == "avg":
             _flat(out)[:] /= self.size
         return out
+
+    def _allreduce_sliced(self, buf, base, out):
+        """When every local rank carries a ring: the node's ranks reduce-scatter (local rank l gets
+        slice l of the node's result), ring l reduces slice l across the nodes, and a local
+        allgather puts the slices together in out. No rank reduces more than its slice."""
+        L, src = self.local_size, _flat(buf)
+        n = len(src)
+        S = -(-n // L)
+        if L * S != n:  # pad to L equal slices; the pads are reduced among themselves and dropped
+            src = _empty_like(src, (L * S,))
+            src[:n] = _flat(buf)
+            src[n:] = 0
+        piece = _empty_like(src, (S,))
+        self._local.reduce_scatter(src, op=base, out=piece)
+        if self.nodes > 1:
+            self._bridge.allreduce(piece, _CODES[base], self._timeout)
+        dst = _flat(out)
+        whole = dst if L * S == n else _empty_like(src, (L * S,))
+        self._local.allgather(piece, out=whole)
+        if whole is not dst:
+            dst[:] = whole[:n]
 
     def _bcast(self, buf, root):
         node, local_root = self._layout.place(root)
