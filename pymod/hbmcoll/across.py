@@ -303,7 +303,10 @@ class NodesCommunicator:
             self._allreduce_sliced(buf, base, out)
         else:
             self._agree("allreduce", buf, op, -1)
-            self._local.allreduce(buf, op=base, out=out)
+            if self.local_size > 1:
+                self._local.allreduce(buf, op=base, out=out)
+            elif out is not buf:  # alone on its node: nothing to reduce there
+                _raw(out)[:] = _raw(buf)
             self._reduce_across(_flat(out), _CODES[base])
         if op == "avg":
             _flat(out)[:] /= self.size
