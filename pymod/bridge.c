@@ -3,7 +3,8 @@
  * (libcoll/src/net.h) and the ring it joins (net_ring.h), for the node layer in Python
  * (hbmcoll/nodes.py), which swaps the cards and keeps the connections that are watched.
  *
- *   b = Bridge(iface=None, pool_bytes=4 << 20)   # opens the endpoint (loads libfabric)
+ *   b = Bridge(iface=None, pool_bytes=4 << 20, pool=None)   # opens the endpoint (loads libfabric);
+ *                                    # pool: a writable buffer to register instead (kept until close)
  *   b.describe() -> str; b.card() -> bytes; b.add_peer(card) -> int
  *   b.watch(fd, what); b.ring(n, me, left, right); b.allreduce(buf, op, timeout=0)
  *   b.allgather(buf, timeout=0)
@@ -24,29 +25,40 @@ typedef struct {
   coll__net_t *net;
   coll__net_ring_t *ring;
   int busy;
+  Py_buffer pool; /* the caller's pool (pool.obj NULL: the endpoint's own) */
 } hb_bridge_t;
 
 static hb_state_t *bridge_state(PyObject *self) { return PyType_GetModuleState(Py_TYPE(self)); }
 
 static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *names[] = {"iface", "pool_bytes", NULL};
+  static char *names[] = {"iface", "pool_bytes", "pool", NULL};
   const char *iface = NULL;
-  Py_ssize_t pool = 4 << 20;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zn", names, &iface, &pool)) return NULL;
-  if (pool < 65536) return hb_bad_arg("pool_bytes=%zd: give at least 65536", pool);
+  Py_ssize_t pool_bytes = 4 << 20;
+  PyObject *pool_obj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|znO", names, &iface, &pool_bytes, &pool_obj)) return NULL;
+  Py_buffer pool = {0};
+  if (pool_obj != Py_None) {
+    if (PyObject_GetBuffer(pool_obj, &pool, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    pool_bytes = pool.len;
+  }
+  if (pool_bytes < 65536) {
+    if (pool.obj) PyBuffer_Release(&pool);
+    return hb_bad_arg("a bridge pool of %zd bytes: give at least 65536", pool_bytes);
+  }
   char err[320] = "";
   coll__net_t *net = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = coll__net_open(iface, (size_t)pool, &net, err, sizeof err);
+  rc = coll__net_open_on(iface, pool.obj ? pool.buf : NULL, (size_t)pool_bytes, &net, err, sizeof err);
   Py_END_ALLOW_THREADS
-  if (rc) return hb_raise(PyType_GetModuleState(type), rc, err);
-  hb_bridge_t *self = (hb_bridge_t *)type->tp_alloc(type, 0);
+  hb_bridge_t *self = rc ? NULL : (hb_bridge_t *)type->tp_alloc(type, 0);
   if (self == NULL) {
     coll__net_close(net);
-    return NULL;
+    if (pool.obj) PyBuffer_Release(&pool);
+    return rc ? hb_raise(PyType_GetModuleState(type), rc, err) : NULL;
   }
   self->net = net;
+  self->pool = pool;
   coll__net_set_interrupt(net, hb_interrupt, NULL); /* Ctrl-C ends a wait on another node */
   return (PyObject *)self;
 }
@@ -55,6 +67,7 @@ static void bridge_free_parts(hb_bridge_t *self) {
   coll__net_ring_free(self->ring);
   coll__net_close(self->net);
   self->ring = NULL, self->net = NULL;
+  if (self->pool.obj) PyBuffer_Release(&self->pool); /* after the endpoint let go of it */
 }
 
 static void bridge_dealloc(hb_bridge_t *self) {

@@ -42,6 +42,10 @@ typedef struct coll__net coll__net_t;
  * exists), -ENOMEM, or another code with a sentence in err. */
 int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
                    size_t errlen);
+/* The same with the caller's pool (at least 64 KiB, kept until coll__net_close): memory placed
+ * as the caller wants it, e.g. in HBM from the node's shared arena. */
+int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
+                      size_t errlen);
 void coll__net_close(coll__net_t *net); /* NULL is fine */
 
 /* Bound a write's retries and a flush to timeout_s (<= 0: no bound, the default). A peer

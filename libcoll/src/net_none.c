@@ -16,6 +16,12 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
   return COLL_ENOTSUP;
 }
 
+int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
+                      size_t errlen) {
+  (void)pool;
+  return coll__net_open(iface, pool_bytes, net_p, err, errlen);
+}
+
 /* Nothing below is reached without an endpoint; they exist for the linker. */
 void coll__net_close(coll__net_t *net) { (void)net; }
 void coll__net_set_timeout(coll__net_t *net, double timeout_s) { (void)net, (void)timeout_s; }

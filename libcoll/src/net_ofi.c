@@ -69,6 +69,7 @@ struct coll__net {
   uint64_t key;
   int virt_addr, rx_cq_data;
   int mr_local; /* FI_MR_LOCAL: what we write from must be registered (verbs) */
+  int own_pool; /* the pool is ours to unmap (not the caller's) */
   int (*interrupt_fn)(void *);
   void *interrupt_arg;
   double next_interrupt_check;
@@ -225,18 +226,25 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
 static const int net_kept_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGFPE};
 #define NET_KEPT (sizeof net_kept_signals / sizeof net_kept_signals[0])
 
-static int net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err, size_t errlen);
+static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
+                    size_t errlen);
 
 int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
                    size_t errlen) {
+  return coll__net_open_on(iface, NULL, pool_bytes, net_p, err, errlen);
+}
+
+int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
+                      size_t errlen) {
+  if (pool && pool_bytes < 65536) return COLL_EBADARG;
   struct sigaction kept[NET_KEPT];
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], NULL, &kept[i]);
-  int rc = net_open(iface, pool_bytes, net_p, err, errlen);
+  int rc = net_open(iface, pool, pool_bytes, net_p, err, errlen);
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], &kept[i], NULL);
   return rc;
 }
 
-static int net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
                     size_t errlen) {
   int rc = net_load(err, errlen);
   if (rc) return rc;
@@ -267,8 +275,9 @@ static int net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, c
   }
   if (rc == 0) {
     n->info = net_fi.dupinfo(net_pick(list, iface));
-    n->pool_bytes = (pool_bytes + 4095) & ~(size_t)4095;
-    n->pool = mmap(NULL, n->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    n->own_pool = pool == NULL;
+    n->pool_bytes = pool ? pool_bytes : (pool_bytes + 4095) & ~(size_t)4095;
+    n->pool = pool ? pool : mmap(NULL, n->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (n->info == NULL || n->pool == MAP_FAILED) {
       n->pool = NULL;
       rc = -ENOMEM;
@@ -302,7 +311,7 @@ void coll__net_close(coll__net_t *n) {
   if (n->domain) fi_close(&n->domain->fid);
   if (n->fabric) fi_close(&n->fabric->fid);
   if (n->info) net_fi.freeinfo(n->info);
-  if (n->pool) munmap(n->pool, n->pool_bytes);
+  if (n->pool && n->own_pool) munmap(n->pool, n->pool_bytes);
   free(n->peers);
   free(n->queued);
   free(n);

@@ -16,6 +16,9 @@ nodes different counts), so the nodes tell each other:
    l of every node joins ring l at the rendezvous port + l. Local ranks beyond that have no
    endpoint; their data goes with their node's ring carriers.
 
+An endpoint's pool (what the other nodes write into, registered once) is taken from the node's
+shared arena, so it is placed as the node's segments are: in HBM where the node has it.
+
 A node's name is HBMCOLL_NODE, else its hostname. The rendezvous (meeting_point) is at
 HBMCOLL_MASTER, else MASTER_ADDR (torchrun sets it; under mpiexec and srun set it as for torch's
 env:// init), else under srun the first node of the step; port HBMCOLL_PORT, else MASTER_PORT + 1
@@ -171,11 +174,21 @@ def _check(size):
     return complete
 
 
-def _open(iface, pool_bytes, head):
+def open_bridge(iface, pool_bytes, local):
+    """A bridge endpoint whose pool is in local's shared arena, placed as the node's segments
+    are (in HBM where the node has it); where the arena has no room, a pool of its own."""
+    try:
+        pool = local.empty(pool_bytes, "uint8")
+    except (Error, MemoryError, ValueError):
+        pool = None
+    return _core.Bridge(iface, pool_bytes, pool)
+
+
+def _open(iface, pool_bytes, head, local):
     """This rank's bridge endpoint, its address in head; on failure None, the failure in head
     (the other nodes learn it at the rendezvous instead of waiting for this node)."""
     try:
-        bridge = _core.Bridge(iface, pool_bytes)
+        bridge = open_bridge(iface, pool_bytes, local)
     except (Error, ValueError, OSError) as exc:
         head["error"] = str(exc)
         return None
@@ -208,7 +221,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
         if local.rank == 0:
             try:
                 head = {"name": name, "ranks": ranks}
-                bridge = _open(iface, pool_bytes, head)
+                bridge = _open(iface, pool_bytes, head, local)
                 card = bridge.card() if bridge is not None else b""
                 blobs, watch = nodes.exchange(min(ranks), where_of(0), secret,
                                               json.dumps(head).encode() + b"\0" + card, _check(size), timeout)
@@ -227,7 +240,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
                         [i for i, r in enumerate(said["nodes"]) if rank in r][0])
         shared = False
         if 0 < local.rank < layout.rings:
-            bridge = _core.Bridge(iface, pool_bytes)
+            bridge = open_bridge(iface, pool_bytes, local)
             got, watch = nodes.exchange(layout.node, where_of(local.rank), secret, bridge.card(),
                                         nodes.members(len(layout.nodes)), timeout)
             cards = [got[i] for i in range(len(layout.nodes))]

@@ -17,9 +17,8 @@ over): only the parent's close knows that no node still writes to them.
 """
 import numpy as np
 
-from . import _core
 from .errors import BootstrapError, Error
-from .layout import Layout, probe, ring
+from .layout import Layout, open_bridge, probe, ring
 
 CARD_BLOCK = 2 + 256   # a card's length (2 bytes, 0xffff: the endpoint failed) and the card
 
@@ -43,7 +42,7 @@ def split(parent, color, key):
     bridge, block = None, np.zeros(CARD_BLOCK, np.uint8)
     if spans and local.rank < rings:
         try:
-            bridge = _core.Bridge(parent._iface, parent._pool_bytes)
+            bridge = open_bridge(parent._iface, parent._pool_bytes, parent._local)  # lives as long
             card = bridge.card()
             block[:2] = np.frombuffer(np.uint16(len(card)).tobytes(), np.uint8)
             block[2:2 + len(card)] = np.frombuffer(card, np.uint8)

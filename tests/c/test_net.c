@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@ enum { SMALL_WRITES = 2000, BIG = 1 << 20, POOL = 4 << 20 };
 typedef struct {
   const char *provider, *iface;
   int virtual_addresses; /* the path the provider must take: base in the card or 0 */
+  int callers_pool;      /* the pool is the caller's (coll__net_open_on), shared memory */
 } net_case_t;
 
 /* The byte at offset i of a message from `rank`, so a byte in the wrong place shows. */
@@ -64,8 +66,13 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
   coll__net_t *n = NULL;
   setenv("FI_PROVIDER", nc->provider, 1);
   if (nc->iface) setenv("FI_TCP_IFACE", nc->iface, 1);
-  int rc = coll__net_open(nc->iface, POOL, &n, err, sizeof err);
+  uint8_t *mine_pool = NULL;
+  if (nc->callers_pool &&
+      (mine_pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED)
+    return fail(rank, "mmap", -errno, "");
+  int rc = coll__net_open_on(nc->iface, mine_pool, POOL, &n, err, sizeof err);
   if (rc) return fail(rank, "open", rc, err);
+  if (mine_pool && coll__net_pool(n) != mine_pool) return fail(rank, "the pool is not the caller's", 0, "");
   uint8_t card[COLL_NET_CARD_MAX], theirs[COLL_NET_CARD_MAX];
   uint32_t len = (uint32_t)coll__net_card(n, card), tlen = 0;
   if (write(fd_out, &len, sizeof len) != sizeof len || write(fd_out, card, len) != (ssize_t)len ||
@@ -133,6 +140,10 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
   char done = 'd';
   if (write(fd_out, &done, 1) != 1 || read(fd_in, &done, 1) != 1) return fail(rank, "last exchange", -EIO, "");
   coll__net_close(n);
+  if (mine_pool) { /* still the caller's, still mapped */
+    if (mine_pool[3 * (size_t)BIG + 5] != 5) return fail(rank, "the caller's pool after close", 0, "");
+    munmap(mine_pool, POOL);
+  }
   return 0;
 }
 
@@ -202,7 +213,7 @@ static void check_missing(const char *name, const char *provider, const char *if
 }
 
 static void run_nodes(const char *name, int loss_pct) {
-  static const net_case_t tcp = {"tcp", "hbnet0", 0};
+  static const net_case_t tcp = {"tcp", "hbnet0", 0, 0};
   netns_t ns;
   if (netns_up(&ns, 2) != 0) {
     printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, name, ns.why);
@@ -253,9 +264,10 @@ static void check_signals_kept(void) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
-  static const net_case_t shm = {"shm", NULL, 1}, tcp = {"tcp", "lo", 0};
+  static const net_case_t shm = {"shm", NULL, 1, 0}, tcp = {"tcp", "lo", 0, 0}, tcp_pool = {"tcp", "lo", 0, 1};
   if (CASE("net: shm")) run_pair("net: shm, virtual addresses and provider keys", &shm, NULL);
   if (CASE("net: tcp")) run_pair("net: tcp;ofi_rxm on lo, offsets and our keys", &tcp, NULL);
+  if (CASE("net: the caller's pool")) run_pair("net: the caller's pool (shared memory)", &tcp_pool, NULL);
   if (CASE("net: two nodes")) run_nodes("net: two nodes (namespaces), tcp;ofi_rxm", 0);
   if (CASE("net: two nodes, 1% loss")) run_nodes("net: two nodes, 1% of frames dropped", 1);
   if (CASE("net: opening keeps")) check_signals_kept();
