@@ -1,4 +1,4 @@
-"""hbmcoll: collectives for Python processes on one many-core node.
+"""hbmcoll: collectives for Python processes on many-core nodes, and across nodes.
 
     import hbmcoll
     comm = hbmcoll.init()          # under hbmcoll-run, torchrun, mpiexec or srun
@@ -10,7 +10,8 @@ See README.md for the whole API.
 from .errors import (ArgumentError, BootstrapError, CodedError, Error,  # noqa: F401
                      ForkedError, MismatchError, NotFoundError, NotSupportedError,
                      OutOfMemoryError, PeerLostError, SystemCallError, TimeoutError)
-from .comm import Communicator, Request, empty, init  # noqa: F401
+from .comm import Communicator, Request, empty  # noqa: F401
+from .job import init  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from . import _core
 from . import comm as _comm
+from . import job as _job
 from .errors import ArgumentError
 from . import launch_env
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
@@ -502,20 +503,20 @@ def create(store, rank, size, timeout):
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None
     if info is not None:  # across nodes too: init() returns the NodesCommunicator then
-        comm = _comm.init(timeout=t)
+        comm = _job.init(timeout=t)
         _world_placement = comm._placement
     else:
         names = _node_names(store, rank, size)
         key = _store_key(store, rank)
         if len(set(names)) > 1:  # members on several nodes: they meet through the store
-            comm = _comm._init_by_names(rank, size, names, key, _store_swap(store, rank, size),
+            comm = _job._init_by_names(rank, size, names, key, _store_swap(store, rank, size),
                                         0, t, "torch.distributed", None if default_group else _world_placement)
             comm._allow_any_thread()
             return ProcessGroupHbmcoll(comm, rank, size)
         if default_group or _world_placement is None:
             info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                          job_key=key, launcher="torch.distributed")
-            placement = _comm._place(info)
+            placement = _job._place(info)
             if default_group:
                 _world_placement = placement
         else:

@@ -24,9 +24,8 @@ CARD_BLOCK = 2 + 256   # a card's length (2 bytes, 0xffff: the endpoint failed) 
 
 
 def split(parent, color, key):
-    """The group of this rank's color (a NodesCommunicator or a node's Communicator), or None."""
-    from .across import NodesCommunicator
-
+    """The group of this rank's color (a NodesCommunicator, as the parent, or a node's
+    Communicator), or None."""
     c = -1 if color is None else int(color)
     mine = np.array([c, int(key)], dtype=np.int64)
     every = parent._allgather(mine, np.empty((parent.size, 2), np.int64), "split")
@@ -74,5 +73,5 @@ def split(parent, color, key):
             bridge.close()
         local.abort()
         raise
-    return NodesCommunicator(local, lay, bridge, parent._watch, new_rank, len(members), parent._timeout,
+    return type(parent)(local, lay, bridge, parent._watch, new_rank, len(members), parent._timeout,
                              parent.launcher, parent._iface, parent._pool_bytes, parent=parent)

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
-from . import comm as _comm_mod
+from . import job as _job_mod
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
@@ -49,7 +49,7 @@ _BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 # TensorFlow runs these ops (py_function) on its own inter-op threads, in the order the
 # program's dependencies give, the same on every rank (what Horovod relies on too): any thread
 # may issue the collectives.
-_job = _horovod_job.Job("hbmcoll.tensorflow", _comm_mod.init, any_thread=True)
+_job = _horovod_job.Job("hbmcoll.tensorflow", _job_mod.init, any_thread=True)
 init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
 rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
 barrier, join, _c = _job.barrier, _job.join, _job.get

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
-from . import comm as _comm_mod
+from . import job as _job_mod
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
 
@@ -65,7 +65,7 @@ def _dist_comm():
 # open), else makes its own from the launcher's environment
 def _default_comm():
     c = _dist_comm()
-    return _comm_mod.init() if c is None else c
+    return _job_mod.init() if c is None else c
 
 
 _job = _horovod_job.Job("hbmcoll.torch", _default_comm, owned=lambda comm: comm is not _dist_comm())
