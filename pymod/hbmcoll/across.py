@@ -362,10 +362,12 @@ class NodesCommunicator:
     def allreduce(self, buf, op="sum", out=None):
         """Reduce buf over all ranks of all nodes; the result goes to out (default: buf)."""
         out = buf if out is None else out
+        self._op(op, buf)  # a bad op is this rank's ArgumentError, before anything moves
         return self._call(lambda: self._allreduce(buf, op, out))
 
     def iallreduce(self, buf, op="sum", out=None):
         out = buf if out is None else out
+        self._op(op, buf)
         return self._start(lambda: self._allreduce(buf, op, out), out)
 
     def reduce(self, buf, op="sum", root=0, out=None):
@@ -377,6 +379,7 @@ class NodesCommunicator:
 
     def _reduce_fn(self, buf, op, root, out):
         root = self._root(root)
+        self._op(op, buf)
         res = (buf if out is None else out) if self.rank == root else None
 
         def fn():
@@ -463,6 +466,7 @@ class NodesCommunicator:
         return self._start(*self._reduce_scatter_fn(buf, op, out))
 
     def _reduce_scatter_fn(self, buf, op, out):
+        self._op(op, buf)
         shp = _shape(buf)
         if out is None:
             if not shp or shp[0] != self.size:

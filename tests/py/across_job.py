@@ -78,6 +78,12 @@ for dtype in (np.float32, np.int32, np.float64):
         c.allreduce(x)
         want = sum((np.arange(count) % 13 + r).astype(dtype) for r in range(P))
         assert np.array_equal(x, want), (dtype, count, x[:4], want[:4])
+try:  # a bad op is an ArgumentError on each rank, and the communicator goes on
+    c.allreduce(np.ones(3, dtype=np.int32), op="avg")
+except hbmcoll.ArgumentError as e:
+    assert "floating-point" in str(e), e
+else:
+    raise AssertionError("op='avg' on integers was taken")
 m = np.array([c.rank, -c.rank], dtype=np.int32)
 c.allreduce(m, op="max")
 assert list(m) == [P - 1, 0], m
