@@ -73,6 +73,14 @@ class Job:
     def local_size(self):
         return self.get().local_size
 
+    def cross_rank(self):
+        """Horovod's: among the nodes that have this local rank, this node's number (0 on one node)."""
+        return getattr(self.get(), "cross_rank", 0)
+
+    def cross_size(self):
+        """Horovod's: how many nodes have this local rank (1 on one node)."""
+        return getattr(self.get(), "cross_size", 1)
+
     def barrier(self):
         self.get().barrier()
 

@@ -146,6 +146,16 @@ class NodesCommunicator:
     def closed(self):
         return self._closed
 
+    @property
+    def cross_rank(self):
+        """Among the nodes that have this local rank (Horovod's cross rank), this node's number."""
+        return sum(len(r) > self.local_rank for r in self._layout.nodes[:self.node])
+
+    @property
+    def cross_size(self):
+        """How many nodes have this local rank (Horovod's cross size)."""
+        return sum(len(r) > self.local_rank for r in self._layout.nodes)
+
     # -- running calls in order --------------------------------------------------------------
     def _run(self, fn):
         """Run fn in order with the other calls; any failure but a mismatch ends the job's communicator."""

@@ -32,7 +32,7 @@ from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
            "broadcast_object", "allgather_object", "barrier", "join", "DistributedGradientTape",
            "DistributedOptimizer", "callbacks", "Average", "Sum", "Min", "Max", "Product",
@@ -52,6 +52,7 @@ _BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 _job = _horovod_job.Job("hbmcoll.tensorflow", _job_mod.init, any_thread=True)
 init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
 rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
+cross_rank, cross_size = _job.cross_rank, _job.cross_size
 barrier, join, _c = _job.barrier, _job.join, _job.get
 
 

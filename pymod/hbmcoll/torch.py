@@ -38,7 +38,7 @@ from . import job as _job_mod
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
            "broadcast", "broadcast_", "broadcast_async_", "synchronize", "poll",
            "broadcast_object", "allgather_object", "broadcast_parameters",
@@ -71,6 +71,7 @@ def _default_comm():
 _job = _horovod_job.Job("hbmcoll.torch", _default_comm, owned=lambda comm: comm is not _dist_comm())
 init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
 rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
+cross_rank, cross_size = _job.cross_rank, _job.cross_size
 barrier, join, _c = _job.barrier, _job.join, _job.get
 
 

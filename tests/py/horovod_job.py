@@ -11,6 +11,7 @@ import hbmcoll.torch as hvd
 hvd.init()
 P, me = hvd.size(), hvd.rank()
 assert 0 <= hvd.local_rank() < hvd.local_size() < P
+assert (hvd.cross_rank(), hvd.cross_size()) == (me // hvd.local_size(), P // hvd.local_size())
 t = hvd.allreduce(torch.full((5,), float(me)), op=hvd.Sum)
 assert torch.equal(t, torch.full((5,), float(sum(range(P))))), t
 assert hvd.allgather_object(me) == list(range(P))

@@ -100,6 +100,7 @@ def rank_training(comm, port):
     # Horovod style, no DDP: broadcast from rank 0, DistributedOptimizer averages the gradients
     hvd.init()
     assert hvd.size() == dist.get_world_size() and hvd.rank() == r
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)  # one node
     for kw in ({}, {"bucket_cap_mb": 0.001}):
         m = _model(20 + r)                 # different on every rank until the broadcast
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
