@@ -1,8 +1,8 @@
 """The program every rank runs in the tests across emulated nodes (test_across_nodes.py,
 test_launchers_across.py), whichever launcher starts it: every collective against NumPy.
 
-MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: the last rank is
-killed, the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
+MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: rank DIE (the last
+by default) is killed, the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
 node 1 joins late, until Ctrl-C. With an argument "mpi", the communicator comes from
 mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well.
 """
@@ -63,8 +63,8 @@ if os.environ.get("MODE") == "loop":  # until the job breaks (a node's link goes
     except hbmcoll.PeerLostError as e:
         say("lost:", e)
         raise SystemExit(5)
-if os.environ.get("MODE") == "die":
-    if c.rank == P - 1:
+if os.environ.get("MODE") == "die":  # rank DIE (default the last) is killed
+    if c.rank == int(os.environ.get("DIE", P - 1)):
         os.kill(os.getpid(), 9)
     try:
         while True:

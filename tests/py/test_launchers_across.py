@@ -5,7 +5,8 @@
   of the frames between them dropped; Ctrl-C (through hbmcoll-run) of a rank waiting for another
   node: KeyboardInterrupt there at once, PeerLostError on the other node; a master address no
   node has: one clear error on each node (node 0 at once, the other when HBMCOLL_TIMEOUT ends);
-  two nodes given one name (HBMCOLL_NODE): one clear error on both; a node whose link goes down
+  two nodes given one name (HBMCOLL_NODE): one clear error on both; node 0 (the rendezvous and
+  the watch's relay) killed: PeerLostError on the other; a node whose link goes down
   in the middle of a loop of allreduces: PeerLostError on the other, no time limit set;
 - MPICH's mpiexec (hydra) from node 0, reaching node 1 through an ssh stand-in that enters its
   namespace; 2 + 1 ranks, and ranks placed round-robin (ranks 0 and 2 on one node, 1 and 3 on
@@ -101,6 +102,16 @@ def test_two_nodes_with_one_name_are_one_clear_error(emulated_nodes):
              for i in range(2)]
     for rc, out, err in netnodes.finish(procs, 60):
         assert rc != 0 and "several nodes call themselves twin; give each node its own name with HBMCOLL_NODE" in err, err
+
+
+def test_losing_the_node_that_holds_the_rendezvous(emulated_nodes):
+    nodes = emulated_nodes(2)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29870", JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MODE="die", DIE="0"))
+             for i in range(2)]
+    (rc0, _, _), (rc1, out1, err1) = netnodes.finish(procs, 90)
+    assert rc0 != 0 and rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1)
 
 
 def test_a_node_whose_link_goes_down_is_lost(emulated_nodes):
