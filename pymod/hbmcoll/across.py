@@ -31,6 +31,7 @@ call waits for those before it and then runs in the caller's thread.
 """
 import atexit
 import queue
+import struct
 import threading
 import zlib
 
@@ -129,6 +130,10 @@ class NodesCommunicator:
         self._order = np.array([layout.place(r)[0] * widest + layout.place(r)[1] for r in range(size)])
         self._widest = widest
         self._closed = self._failed = False
+        self._crcs = {}                         # (collective, dtype, op) -> their CRCs, for _meet
+        self._block = np.zeros(_HEAD + SMALL, np.uint8)
+        self._rows = np.zeros((self.local_size, _HEAD + SMALL), np.uint8)
+        self._blocks = np.zeros((self.nodes, _HEAD + SMALL), np.uint8)
         self._lock = threading.Lock()           # held while a collective runs
         self._queue, self._worker, self._last = queue.Queue(), None, None
         local._c.allow_any_thread()             # this class orders the calls itself
@@ -247,22 +252,22 @@ class NodesCommunicator:
         an (nodes, SMALL) uint8 array, the same on every rank."""
         dt = _dtype_name(buf) if buf is not None else "-"
         count = (buf.numel() if hasattr(buf, "numel") else buf.size) if buf is not None else -1
-        head = np.array([1, zlib.crc32(name.encode()), zlib.crc32(dt.encode()), count,
-                         zlib.crc32(str(op).encode()), root], dtype=np.int64)
-        block = np.zeros(_HEAD + SMALL, np.uint8)
-        block[:_HEAD] = head.view(np.uint8)
+        crcs = self._crcs.get((name, dt, op))
+        if crcs is None:
+            crcs = self._crcs[name, dt, op] = tuple(zlib.crc32(str(w).encode()) for w in (name, dt, op))
+        block, nodes = self._block, self._blocks  # (this rank's, every node's): reused, calls run one at a time
+        block[:_HEAD] = np.frombuffer(struct.pack("<6q", 1, crcs[0], crcs[1], count, crcs[2], root), np.uint8)
         if data is not None:
             block[_HEAD:_HEAD + len(data)] = data
-        nodes = np.zeros((self.nodes, _HEAD + SMALL), np.uint8)
         if self.local_size > 1:
-            rows = self._local.allgather(block)
+            rows = self._rows
+            self._local.allgather(block, out=rows)
         else:
             rows = block.reshape(1, -1)
-        heads = rows[:, :_HEAD].copy().view(np.int64)
         mine = nodes[self.node]  # the same bytes on each of the node's ranks
-        mine[:_HEAD] = heads[0].view(np.uint8)
-        if not (heads == heads[0]).all():
-            mine[:8] = 0  # this node's ranks disagree
+        mine[:_HEAD] = rows[0, :_HEAD]
+        if self.local_size > 1 and not (rows[:, :_HEAD] == rows[0, :_HEAD]).all():
+            mine[0] = 0  # this node's ranks disagree (byte 0 is the head's "agrees")
         elif node_part is not None:
             part = node_part(rows[:, _HEAD:])
             if part is not None:
@@ -274,8 +279,7 @@ class NodesCommunicator:
             self._bridge.allgather(nodes.reshape(-1), self._timeout)
         if rings < self.local_size:
             self._local.bcast(nodes, root=0)
-        heads = nodes[:, :_HEAD].copy().view(np.int64)
-        if not heads[:, 0].all() or not (heads[:, 1:] == heads[0, 1:]).all():
+        if not nodes[:, 0].all() or not (nodes[:, 8:_HEAD] == nodes[0, 8:_HEAD]).all():
             raise MismatchError(f"ranks disagree on the arguments of {name} (this rank, on node {self.node}: "
                                 f"{dt} x {count}, op {op}, root {root}): every rank must call the same "
                                 "collectives in the same order with the same arguments")
