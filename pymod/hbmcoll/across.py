@@ -15,8 +15,10 @@ their part of it.
 bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum with one term is
 exact). allgather is a local allgather then a gather of the node blocks (padded to the largest
 node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank keeping its own;
-alltoall gathers every rank's blocks. So gather, scatter, reduce, reduce_scatter and alltoall move
-more than they need to: correct first; their own paths come with the move of this layer into C.
+alltoall is a local alltoall for the node's own ranks and a gather of the node blocks holding each
+node's blocks for the other nodes. So gather, scatter, reduce, reduce_scatter and (beyond two
+nodes) alltoall move more than they need to: correct first; their own paths need a pairwise
+primitive on the bridge.
 
 Every call starts with one exchange of blocks of a fixed size (_meet): each rank's descriptor
 (collective, dtype, count, op, root) and up to SMALL bytes of data, gathered in the node and then
@@ -507,11 +509,39 @@ class NodesCommunicator:
         out = _empty_like(buf, _shape(buf)) if out is None else out
 
         def fn():
-            every = self._allgather(buf, _empty_like(buf, (self.size,) + _shape(buf)), "alltoall")
-            b = len(_raw(buf)) // self.size
-            _raw(out).reshape(self.size, b)[:] = _raw(every).reshape(self.size, self.size, b)[:, self.rank]
+            self._agree("alltoall", buf, "-", -1)
+            self._alltoall(_raw(buf), _raw(out))
             return out
         return fn, out
+
+    def _alltoall(self, src, dst):
+        """src and dst: P blocks of bytes. The blocks for this node's ranks go by a local
+        alltoall; the blocks for every other node's ranks go in this node's block (its ranks'
+        parts, padded to the largest node's), which every node gathers, each rank taking its own."""
+        lay, P, L = self._layout, self.size, self.local_size
+        b = len(src) // P
+        src, dst = src.reshape(P, b), dst.reshape(P, b)
+        here = list(lay.nodes[self.node])
+        if L > 1:
+            got = np.empty((L, b), np.uint8)
+            self._local.alltoall(np.ascontiguousarray(src[here]), out=got)
+            dst[here] = got
+        else:
+            dst[here] = src[here]
+        if self.nodes == 1 or b == 0:
+            return
+        elsewhere = [r for r in range(P) if r not in set(here)]
+        mine = np.ascontiguousarray(src[elsewhere]).reshape(-1)
+        part = mine.reshape(1, -1) if L == 1 else self._local.allgather(mine)
+        width = max(len(n) * (P - len(n)) for n in lay.nodes) * b
+        block = np.zeros(width, np.uint8)
+        block[:part.size] = part.reshape(-1)
+        every = self._gather_across(block)
+        for k, ranks in enumerate(lay.nodes):
+            if k != self.node:
+                away = [r for r in range(P) if r not in set(ranks)]  # node k's part, by rank
+                rows = every[k, :len(ranks) * len(away) * b].reshape(len(ranks), len(away), b)
+                dst[list(ranks)] = rows[:, away.index(self.rank)]
 
     def empty(self, shape, dtype="float32"):
         return self._local.empty(shape, dtype)

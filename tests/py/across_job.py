@@ -115,6 +115,10 @@ rs = c.reduce_scatter(np.stack([mine(c.rank, 4) + j for j in range(P)]).astype(n
 assert np.array_equal(rs, sum(mine(q, 4) + c.rank for q in range(P)).astype(np.int32)), rs
 a2a = c.alltoall(np.array([[c.rank * 10 + j, j] for j in range(P)], dtype=np.int32))
 assert np.array_equal(a2a, np.array([[i * 10 + c.rank, c.rank] for i in range(P)])), a2a
+big = np.arange(P * 700, dtype=np.float64).reshape(P, 700) + 1e6 * c.rank  # blocks of 5600 bytes
+got = c.ialltoall(big).wait()
+want = np.stack([np.arange(c.rank * 700, (c.rank + 1) * 700, dtype=np.float64) + 1e6 * i for i in range(P)])
+assert np.array_equal(got, want), (got[:, :2], want[:, :2])
 reqs = [c.iallreduce(np.full(3, c.rank + k, np.float64)) for k in range(4)]
 reqs.append(c.iallgather(np.array([c.rank], np.int32)))
 for k, q in enumerate(reqs[:4]):
