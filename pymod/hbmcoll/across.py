@@ -28,11 +28,10 @@ bytes finish in that exchange (folded in node order, the same bits everywhere). 
 ends the job's communicator on every rank: this node's connections close without a goodbye (the
 other nodes' waits end as PeerLostError) and the node's communicator is aborted.
 
-Nonblocking calls (i-variants) run in call order on one thread of the communicator; a blocking
-call waits for those before it and then runs in the caller's thread.
+Calls run one at a time in call order (in_order.py): i-variants on one thread of the communicator,
+a blocking call in the caller's thread once those before it finished.
 """
 import atexit
-import queue
 import struct
 import threading
 import zlib
@@ -40,8 +39,9 @@ import zlib
 import numpy as np
 
 from . import _core
-from .comm import _empty_like, _shape
-from .errors import ArgumentError, Error, MismatchError, NotSupportedError, TimeoutError
+from .comm import _empty_like, _is_numpy, _shape
+from .errors import ArgumentError, Error, MismatchError, NotSupportedError
+from .in_order import InOrder
 
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
 SMALL = 1024  # bytes of data that ride with every call's descriptors (_meet)
@@ -53,7 +53,7 @@ def _fold(rows, like, op):
     """rows (k, nbytes, uint8) as k buffers of like's dtype, folded with op in row order (so
     every rank that folds the same rows gets the same bits): a NumPy array of like's dtype."""
     rows = np.ascontiguousarray(rows)
-    if _is_np(like):
+    if _is_numpy(like):
         vals = rows.view(like.dtype)
         acc = vals[0].copy()
         for v in vals[1:]:
@@ -68,50 +68,20 @@ def _fold(rows, like, op):
     return acc.view(torch.uint8).numpy()
 
 
-def _is_np(x):
-    return isinstance(x, np.ndarray)
-
-
 def _raw(x):
     """A 1-D uint8 NumPy view of a contiguous NumPy array or CPU torch tensor."""
-    if _is_np(x):
+    if _is_numpy(x):
         return x.reshape(-1).view(np.uint8)
     import torch
     return x.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _flat(x):
-    return x.reshape(-1) if _is_np(x) else x.view(-1)
+    return x.reshape(-1) if _is_numpy(x) else x.view(-1)
 
 
 def _is_float(x):
-    return x.dtype.kind == "f" if _is_np(x) else x.is_floating_point()
-
-
-def _dtype_name(x):
-    return str(x.dtype)
-
-
-class Request:
-    """A collective in flight across nodes. wait() returns its result."""
-
-    def __init__(self, result):
-        self._result, self._error = result, None
-        self._event = threading.Event()
-
-    def wait(self, timeout=None):
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"the collective did not finish in {timeout} s; it is still in flight")
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def test(self):
-        return self._event.is_set()
-
-    @property
-    def done(self):
-        return self._event.is_set()
+    return x.dtype.kind == "f" if _is_numpy(x) else x.is_floating_point()
 
 
 class NodesCommunicator:
@@ -137,7 +107,7 @@ class NodesCommunicator:
         self._rows = np.zeros((self.local_size, _HEAD + SMALL), np.uint8)
         self._blocks = np.zeros((self.nodes, _HEAD + SMALL), np.uint8)
         self._lock = threading.Lock()           # held while a collective runs
-        self._queue, self._worker, self._last = queue.Queue(), None, None
+        self._calls = InOrder(self._run)
         local._c.allow_any_thread()             # this class orders the calls itself
         if parent is None:
             atexit.register(self.close)         # the goodbye is collective: see close()
@@ -183,31 +153,10 @@ class NodesCommunicator:
                 raise
 
     def _call(self, fn):
-        last = self._last
-        if last is not None:
-            last._event.wait()
-        return self._run(fn)
+        return self._calls.call(fn)
 
     def _start(self, fn, result):
-        req = Request(result)
-        self._last = req
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._serve, name="hbmcoll-across", daemon=True)
-            self._worker.start()
-        self._queue.put((fn, req))
-        return req
-
-    def _serve(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, req = item
-            try:
-                self._run(fn)
-            except BaseException as exc:
-                req._error = exc
-            req._event.set()
+        return self._calls.start(fn, result)
 
     def _allow_any_thread(self):
         """Calls come in the same order on every rank, from any thread (torch's contract)."""
@@ -252,7 +201,7 @@ class NodesCommunicator:
         rows), and every ring gathers the node blocks.
         MismatchError on every rank unless all descriptors agree; else the nodes' data parts,
         an (nodes, SMALL) uint8 array, the same on every rank."""
-        dt = _dtype_name(buf) if buf is not None else "-"
+        dt = str(buf.dtype) if buf is not None else "-"
         count = (buf.numel() if hasattr(buf, "numel") else buf.size) if buf is not None else -1
         crcs = self._crcs.get((name, dt, op))
         if crcs is None:
@@ -562,9 +511,7 @@ class NodesCommunicator:
         for child in list(self._children):
             child.close()
         self._closed = True
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join()
+        self._calls.stop()
         if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
             self._parent._children.remove(self)
             if self._bridge is not None:
