@@ -75,11 +75,11 @@ class Job:
 
     def cross_rank(self):
         """Horovod's: among the nodes that have this local rank, this node's number (0 on one node)."""
-        return getattr(self.get(), "cross_rank", 0)
+        return self.get().cross_rank
 
     def cross_size(self):
         """Horovod's: how many nodes have this local rank (1 on one node)."""
-        return getattr(self.get(), "cross_size", 1)
+        return self.get().cross_size
 
     def barrier(self):
         self.get().barrier()

@@ -309,6 +309,10 @@ class Communicator:
     def closed(self):
         return self._c.closed
 
+    # Horovod's cross rank and size: which node among those with this local rank, and how many
+    # (a NodesCommunicator's differ)
+    cross_rank, cross_size = 0, 1
+
     def __enter__(self):
         return self
 
