@@ -98,17 +98,15 @@ def iface_to(addr):
     """The name of the interface whose address this host uses to reach addr."""
     try:
         mine = _address_toward(addr)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for _, name in socket.if_nameindex():
-                try:
-                    got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-                except OSError:
-                    continue
-                if socket.inet_ntoa(got[20:24]) == mine:
-                    return name
     except OSError as exc:
         raise ArgumentError(f"no route from this node to the rendezvous at {addr} ({exc}); check MASTER_ADDR "
                             "/ HBMCOLL_MASTER, or set HBMCOLL_IFACE") from None
+    for _, name in socket.if_nameindex():
+        try:
+            if iface_address(name) == mine:
+                return name
+        except ArgumentError:  # no IPv4 address on it
+            continue
     raise ArgumentError(f"no interface of this host has the address {mine} it reaches {addr} from; "
                         "set HBMCOLL_IFACE")
 
