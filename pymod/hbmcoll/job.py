@@ -103,17 +103,25 @@ def init(comm=None, timeout=None):
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
-    from . import across, layout
+    from . import layout
 
     addr, base, secret = layout.meeting_point(os.environ, info.launcher)  # its errors before anything waits
-    placement = _place(info)
-    core = _core.Comm(info.local_rank, info.local_size, f"{info.job_key}/node.w{generation}", timeout,
-                      placement)
+    return _join_nodes(info, f"{info.job_key}/node.w{generation}", _place(info), layout.node_name(os.environ),
+                       secret, lambda ring: (addr, base + ring), addr, timeout, env_timeout)
+
+
+def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, env_timeout):
+    """The NodesCommunicator over this node's communicator (made here, under key): the bridge
+    to the other nodes (layout.find; where_of(ring) is each ring's rendezvous, toward the address
+    whose interface the bridge takes unless HBMCOLL_IFACE says)."""
+    from . import across, layout
+
+    core = _core.Comm(info.local_rank, info.local_size, key, timeout, placement)
     local = Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
     try:
-        iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(addr)
-        lay, bridge, watch = layout.find(local, info.rank, info.size, layout.node_name(os.environ), secret,
-                                         lambda ring: (addr, base + ring), iface, timeout or env_timeout)
+        iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)
+        lay, bridge, watch = layout.find(local, info.rank, info.size, name, secret, where_of, iface,
+                                         timeout or env_timeout)
     except BaseException:
         local.close()
         raise
@@ -130,7 +138,7 @@ def _init_from_mpi(mpi_comm, generation, timeout):
 
     names = mpi_comm.allgather(layout.node_name(os.environ))
     if len(set(names)) > 1:
-        return _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout)
+        return _init_by_names(rank, size, names, key, mpi_comm.allgather, generation, timeout, "mpi4py")
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
     placement = _place(info)
@@ -138,18 +146,12 @@ def _init_from_mpi(mpi_comm, generation, timeout):
     return Communicator(core, rank, size, "mpi4py", placement)
 
 
-def _init_from_mpi_nodes(mpi_comm, names, key, generation, timeout):
-    """The MPI communicator spans nodes: MPI carries the bootstrap (_init_by_names)."""
-    return _init_by_names(mpi_comm.Get_rank(), mpi_comm.Get_size(), names, key, mpi_comm.allgather,
-                          generation, timeout, "mpi4py")
-
-
 def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, placement=None):
     """A NodesCommunicator of ranks that know each other's node names (names[r]) and can already
     swap small values (swap(v): every rank's v, by rank; MPI, a torch Store): the nodes meet as
     under a launcher, at rendezvous that node 0's ring carriers open on ports of their choosing,
     told to everyone by swap with the job's secret."""
-    from . import across, layout
+    from . import layout
 
     here = [r for r in range(size) if names[r] == names[rank]]
     local_rank, local_size = here.index(rank), len(here)
@@ -161,27 +163,13 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
     where = swap(listener.getsockname()[:2] if listener else None)
     secret = swap(secrets.token_hex(32) if rank == 0 else None)[0]
     node0 = [r for r in range(size) if names[r] == names[0]]
-    env_timeout = _core.env_check()
+    info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                                 job_key=f"{launcher}.{os.getuid()}.{key}/{order.index(names[rank])}",
+                                 launcher=launcher)
     try:
-        info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
-                                     job_key=f"{launcher}.{os.getuid()}.{key}/{order.index(names[rank])}",
-                                     launcher=launcher)
-        placement = placement or _place(info)
-        core = _core.Comm(local_rank, local_size, f"{info.job_key}/w{generation}", timeout, placement)
-        local = Communicator(core, local_rank, local_size, launcher, placement)
-        try:
-            iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(where[0][0])
-            lay, bridge, watch = layout.find(
-                local, rank, size, names[rank], secret,
-                lambda ring: listener if ring == local_rank and listener else tuple(where[node0[ring]]),
-                iface, timeout or env_timeout)
-        except BaseException:
-            local.close()
-            raise
+        return _join_nodes(info, f"{info.job_key}/w{generation}", placement or _place(info), names[rank], secret,
+                           lambda ring: listener if ring == local_rank and listener else tuple(where[node0[ring]]),
+                           where[0][0], timeout, _core.env_check())
     finally:
         if listener is not None:
             listener.close()
-    if rank == 0:
-        layout.say(lay, bridge, os.environ)
-    return across.NodesCommunicator(local, lay, bridge, watch, rank, size, timeout or env_timeout, launcher,
-                                    iface, layout.POOL_BYTES)
