@@ -55,16 +55,10 @@ if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which come
             say("lost:", e)
             raise SystemExit(5)
     raise SystemExit(0)
-if os.environ.get("MODE") == "loop":  # until the job breaks (a node's link goes down)
-    say("looping")
-    try:
-        while True:
-            c.allreduce(np.ones(1000, dtype=np.float32))
-    except hbmcoll.PeerLostError as e:
-        say("lost:", e)
-        raise SystemExit(5)
-if os.environ.get("MODE") == "die":  # rank DIE (default the last) is killed
-    if c.rank == int(os.environ.get("DIE", P - 1)):
+if os.environ.get("MODE") in ("loop", "die"):  # until the job breaks (loop: a node's link goes down)
+    if os.environ["MODE"] == "loop":
+        say("looping")
+    elif c.rank == int(os.environ.get("DIE", P - 1)):  # die: rank DIE (default the last) is killed
         os.kill(os.getpid(), 9)
     try:
         while True:

@@ -37,6 +37,14 @@ def _env(**extra):
     return dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY=KEY, **extra)
 
 
+def _hbmcoll_run(nodes, nnodes, master, per_node=1, **env):
+    """hbmcoll-run on each of the first nnodes nodes, node 0's address given as master."""
+    return [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", str(per_node), "--nnodes", str(nnodes),
+                            "--node-rank", str(i), "--master", master, JOB],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env))
+            for i in range(nnodes)]
+
+
 def _check(res, counts):
     for i, (rc, out, err) in enumerate(res):
         assert rc == 0, (i, out, err[-3000:])
@@ -46,10 +54,7 @@ def _check(res, counts):
 
 def test_hbmcoll_run_two_nodes(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "2", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29810", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29810", per_node=2)
     res = netnodes.finish(procs, 240)
     _check(res, (2, 2))
     assert "2 nodes x 2 ranks, 2 ring(s)" in res[0][2]
@@ -58,10 +63,7 @@ def test_hbmcoll_run_two_nodes(emulated_nodes):
 def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
     nodes = emulated_nodes(3)
     nodes.loss(1)  # 1% of the bridge's frames dropped (nft): tcp retransmits, results stay exact
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "3", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29820", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-             for i in range(3)]
+    procs = _hbmcoll_run(nodes, 3, "10.77.0.1:29820")
     res = netnodes.finish(procs, 300)
     _check(res, (1, 1, 1))
     assert "3 nodes x 1 rank, 1 ring(s)" in res[0][2]
@@ -69,10 +71,7 @@ def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
 
 def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29830", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MODE="interrupt"))
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29830", MODE="interrupt")
     assert procs[0].stdout.readline().strip() == "waiting"
     time.sleep(1)
     procs[0].send_signal(signal.SIGINT)  # hbmcoll-run passes it on to its rank
@@ -85,10 +84,7 @@ def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
 
 def test_a_wrong_master_is_one_clear_error(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.9:29840", JOB],  # no node has 10.77.0.9
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(HBMCOLL_TIMEOUT="5"))
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.9:29840", HBMCOLL_TIMEOUT="5")  # no node has 10.77.0.9
     (rc0, _, err0), (rc1, _, err1) = netnodes.finish(procs, 60)
     assert rc0 != 0 and "member 0 cannot listen at 10.77.0.9:29841 (Cannot assign requested address)" in err0, err0
     assert rc1 != 0 and "found no member 0 listening at 10.77.0.9:29841 in time" in err1, err1
@@ -96,30 +92,21 @@ def test_a_wrong_master_is_one_clear_error(emulated_nodes):
 
 def test_two_nodes_with_one_name_are_one_clear_error(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29850", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(HBMCOLL_NODE="twin"))
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29850", HBMCOLL_NODE="twin")
     for rc, out, err in netnodes.finish(procs, 60):
         assert rc != 0 and "several nodes call themselves twin; give each node its own name with HBMCOLL_NODE" in err, err
 
 
 def test_losing_the_node_that_holds_the_rendezvous(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29870", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MODE="die", DIE="0"))
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29870", MODE="die", DIE="0")
     (rc0, _, _), (rc1, out1, err1) = netnodes.finish(procs, 90)
     assert rc0 != 0 and rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1)
 
 
 def test_a_node_whose_link_goes_down_is_lost(emulated_nodes):
     nodes = emulated_nodes(2)
-    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
-                             "--master", "10.77.0.1:29860", JOB],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MODE="loop"))
-             for i in range(2)]
+    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29860", MODE="loop")
     assert [p.stdout.readline().strip() for p in procs] == ["looping"] * 2
     time.sleep(1)
     nodes.link_down(1)
