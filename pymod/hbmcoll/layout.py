@@ -26,6 +26,7 @@ env:// init), else under srun the first node of the step; port HBMCOLL_PORT, els
 bridge's interface is HBMCOLL_IFACE, else the one this node reaches the rendezvous through.
 """
 import fcntl
+import functools
 import json
 import re
 import socket
@@ -50,17 +51,22 @@ class Layout:
     names: tuple   # per node, its name
     node: int      # this rank's node
 
-    @property
+    # asked on every call (bcast's root, _meet): worked out once
+    @functools.cached_property
     def rings(self):
         """How many rings join the nodes: the fewest ranks any node has."""
         return min(len(r) for r in self.nodes)
 
+    @functools.cached_property
+    def _places(self):
+        return {r: (i, lr) for i, ranks in enumerate(self.nodes) for lr, r in enumerate(ranks)}
+
     def place(self, rank):
         """(node, local rank) of a global rank."""
-        for i, ranks in enumerate(self.nodes):
-            if rank in ranks:
-                return i, ranks.index(rank)
-        raise ArgumentError(f"rank {rank} is on no node of this job")
+        try:
+            return self._places[rank]
+        except KeyError:
+            raise ArgumentError(f"rank {rank} is on no node of this job") from None
 
 
 SIOCGIFADDR = 0x8915
