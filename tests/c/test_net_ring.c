@@ -185,7 +185,8 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   }
   bad += allgather_cases(me, n, ring);
   coll__net_ring_free(ring);
-  char done;
+  char done = 'a'; /* my allgathers are over; the parent says when everyone's are */
+  if (write(fd, &done, 1) != 1) return 16;
   if (read(fd, &done, 1) != 1) return 17; /* every member finished before any endpoint closes */
   coll__net_close(net);
   return bad ? 18 : 0;
@@ -294,7 +295,15 @@ static void run_ring(const char *name, int n, int loss_pct) {
         ok = 0;
       }
   }
-  char done = 'd'; /* every member finished: they may close their endpoints */
+  /* every member finished its allgathers too (a member that closed its endpoint before its
+   * right neighbour's last credit reached it would break that neighbour's write) */
+  char done;
+  for (int m = 0; ok && m < n; m++)
+    if (read(sv[m][0], &done, 1) != 1) {
+      snprintf(why, sizeof why, "member %d stopped before the end of its allgathers", m);
+      ok = 0;
+    }
+  done = 'd'; /* every member finished: they may close their endpoints */
   for (int m = 0; m < n; m++) (void)!write(sv[m][0], &done, 1);
   for (int m = 0; m < n; m++) {
     int st = 0;
