@@ -9,7 +9,9 @@ here, and all of them are removed on exit (also after an error). usable() says w
 iproute2) so tests can skip.
 """
 import os
+import signal
 import subprocess
+import time
 
 
 def _sh(cmd, check=True):
@@ -100,15 +102,37 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
                                  f'hostname node{i} && exec "$@"', "sh", *argv], **kw)
 
 
+def kill_tree(pid):
+    """SIGKILL pid and every process below it: launchers start ranks in sessions of their own
+    (torchrun does), so a process group does not reach them."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except (ValueError, OSError, IndexError):
+            continue
+    tree, i = [pid], 0
+    while i < len(tree):
+        tree += parents.get(tree[i], [])
+        i += 1
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def finish(procs, timeout):
-    """(returncode, stdout, stderr) of each process; one still running after timeout seconds is
-    killed, and its stderr ends with "(hung: killed)"."""
-    out = []
+    """(returncode, stdout, stderr) of each process; one still running after timeout seconds (in
+    all) is killed with every process it started (they hold its pipes open), and its stderr ends
+    with "(hung: killed)"."""
+    out, until = [], time.monotonic() + timeout
     for p in procs:
         try:
-            o, e = p.communicate(timeout=timeout)
+            o, e = p.communicate(timeout=max(0.1, until - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            kill_tree(p.pid)
             o, e = p.communicate()
             e += "\n(hung: killed)"
         out.append((p.returncode, o, e))
