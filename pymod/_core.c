@@ -388,9 +388,10 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-static PyObject *comm_abort(hb_comm_t *self, PyObject *unused) {
-  (void)unused;
-  if (self->comm) coll_comm_abort(self->comm, COLL_EABORTED);
+static PyObject *comm_abort(hb_comm_t *self, PyObject *args) {
+  int reason = COLL_EABORTED;
+  if (!PyArg_ParseTuple(args, "|i", &reason)) return NULL;
+  if (self->comm) coll_comm_abort(self->comm, reason);
   Py_RETURN_NONE;
 }
 
@@ -442,7 +443,8 @@ static PyMethodDef comm_methods[] = {
     {"set_algorithm", (PyCFunction)comm_set_algorithm, METH_VARARGS, "force an algorithm"},
     {"arena_alloc", (PyCFunction)hb_comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
     {"close", (PyCFunction)comm_close, METH_NOARGS, "release the communicator"},
-    {"abort", (PyCFunction)comm_abort, METH_NOARGS, "fail the communicator on every rank"},
+    {"abort", (PyCFunction)comm_abort, METH_VARARGS,
+     "abort(reason=EABORTED): fail the communicator on every rank, with reason (a library code)"},
     {"bind_thread", (PyCFunction)comm_bind_thread, METH_NOARGS,
      "make the calling thread the one that issues collectives"},
     {"allow_any_thread", (PyCFunction)comm_allow_any_thread, METH_NOARGS,

@@ -325,7 +325,10 @@ void coll_comm_abort(coll_comm_t *c, int reason) {
     c->error = reason;
     return;
   }
-  coll__fail(c, reason, "rank %d aborted the communicator", c->rank);
+  if (reason == COLL_EPEERLOST)
+    coll__fail(c, reason, "rank %d lost a peer it depends on (another node's rank) and ended the communicator", c->rank);
+  else
+    coll__fail(c, reason, "rank %d aborted the communicator", c->rank);
 }
 
 int coll_comm_forked(const coll_comm_t *c) { return c != NULL && coll__forked(c); }

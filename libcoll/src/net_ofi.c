@@ -151,9 +151,22 @@ static int net_load(char *err, size_t errlen) {
   return COLL_ENOTSUP;
 }
 
+/* A broken connection: the peer's process or node went away (or its link), which the caller
+ * reports as a lost peer, not as a failed system call. */
+static int net_broken(int e) {
+  return e == ENOTCONN || e == ECONNRESET || e == EPIPE || e == ECONNABORTED || e == ECONNREFUSED ||
+         e == EHOSTUNREACH || e == ENETUNREACH;
+}
+
 static int net_fail(char *err, size_t errlen, int rc, const char *what) {
-  snprintf(err, errlen, "%s: %s", what, net_fi.strerror(rc < 0 ? -rc : rc));
-  return rc < 0 ? rc : -rc;
+  int e = rc < 0 ? -rc : rc;
+  snprintf(err, errlen, "%s: %s", what, net_fi.strerror(e));
+  if (net_broken(e)) {
+    snprintf(err, errlen, "%s: the connection to another node's rank broke (%s): a node of the job went away",
+             what, net_fi.strerror(e));
+    return COLL_EPEERLOST;
+  }
+  return -e;
 }
 
 /* The entry to use: on iface if one is named (libfabric's tcp provider answers with its
@@ -362,6 +375,7 @@ static int net_read_one(coll__net_t *n, uint32_t *note_p, char *err, size_t errl
   if (got == -FI_EAVAIL) {
     struct fi_cq_err_entry ee = {0};
     fi_cq_readerr(n->cq, &ee, 0);
+    if (net_broken(ee.err)) return net_fail(err, errlen, ee.err, "a network transfer");
     snprintf(err, errlen, "a network transfer failed: %s (%s)", net_fi.strerror(ee.err),
              fi_cq_strerror(n->cq, ee.prov_errno, ee.err_data, NULL, 0));
     return ee.err ? -ee.err : -EIO;

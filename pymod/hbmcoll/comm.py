@@ -301,9 +301,13 @@ class Communicator:
     def close(self):
         self._c.close()
 
-    def abort(self):
-        """Fail the communicator on every rank (they raise Error)."""
-        self._c.abort()
+    def abort(self, reason=None):
+        """Fail the communicator on every rank: they raise Error, or reason's class (an
+        hbmcoll.Error subclass, e.g. PeerLostError when this rank lost a peer elsewhere)."""
+        if reason is None:
+            self._c.abort()
+        else:
+            self._c.abort(reason.code)
 
     @property
     def closed(self):
