@@ -5,7 +5,7 @@ emulated nodes, the same way for each.
 
 hbmcoll: hbmcoll.init() (the library's whole path across nodes, NumPy buffers), under torchrun;
 gloo: torch.distributed's gloo, under torchrun; mpich: mpi4py's Allreduce over MPICH, under
-hydra. Per size: 3 calls to warm up, then as many calls as fit in SECONDS (rank 0's estimate,
+hydra. Per size: WARMUP calls to warm up, then as many calls as fit in SECONDS (rank 0's estimate,
 broadcast), between barriers; rank 0 prints the slowest rank's mean per call.
 """
 import sys
@@ -49,11 +49,17 @@ def library(name):
     raise SystemExit(f"unknown library {name!r}")
 
 
+WARMUP = 16  # calls per size before the timing, every library alike: hbmcoll's first calls of a
+             # size try its chunk counts (pipeline.Tuner), 4 candidates x 3
+
+
 def main():
     name, sizes, seconds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3])
     rank, allreduce, bcast, barrier, max_of, close = library(name)
     for size in sizes:
         a = np.ones(max(size // 4, 1), dtype=np.float32)
+        for _ in range(WARMUP - 3):
+            allreduce(a)
         t0 = time.perf_counter()
         for _ in range(3):
             allreduce(a)

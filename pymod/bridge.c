@@ -175,6 +175,13 @@ static PyObject *bridge_allgather(hb_bridge_t *self, PyObject *args, PyObject *k
   return bridge_run(self, args, kw, 1);
 }
 
+static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (!bridge_usable(self)) return NULL;
+  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
+  return PyLong_FromSize_t(coll__net_ring_slot_bytes(self->ring));
+}
+
 static PyObject *bridge_close(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (self->busy) return hb_bad_arg("the bridge is in use by another thread");
@@ -192,6 +199,7 @@ static PyMethodDef bridge_methods[] = {
      "allreduce(buf, op, timeout=0): in place over the ring"},
     {"allgather", (PyCFunction)(void (*)(void))bridge_allgather, METH_VARARGS | METH_KEYWORDS,
      "allgather(buf, timeout=0): buf's blocks, one per member, filled in place"},
+    {"slot_bytes", (PyCFunction)bridge_slot_bytes, METH_NOARGS, "the bytes one ring transfer carries at most"},
     {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
     {NULL, NULL, 0, NULL}};
 

@@ -65,6 +65,8 @@ void coll__net_ring_free(coll__net_ring_t *r) { free(r); }
 
 int coll__net_ring_members(const coll__net_ring_t *r) { return r->n; }
 
+size_t coll__net_ring_slot_bytes(const coll__net_ring_t *r) { return r->chunk; }
+
 static double ring_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -26,6 +26,8 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
                         coll__net_ring_t **ring_p);
 void coll__net_ring_free(coll__net_ring_t *ring); /* NULL is fine */
 int coll__net_ring_members(const coll__net_ring_t *ring); /* n */
+/* The bytes of one receive slot: a step's chunk (a transfer never carries more). */
+size_t coll__net_ring_slot_bytes(const coll__net_ring_t *ring);
 
 /* In place, on every member at once: buf[0..count) becomes op over the members' buffers
  * (reduce-scatter then allgather around the ring, so each element is reduced by one member

@@ -10,8 +10,8 @@ ranks 0..R-1, R the fewest ranks of any node), so every carrier and a NIC queue 
   gathers slice l of every node around ring l; a local allgather brings them to every local rank.
 
 allreduce is a local allreduce then a reduce, or where every local rank carries a ring, a local
-reduce-scatter, each slice around its ring, and a local allgather; reduce and reduce_scatter take
-their part of it.
+reduce-scatter, each slice around its ring, and a local allgather, in chunks that overlap
+(pipeline.py); reduce and reduce_scatter take their part of it.
 bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum with one term is
 exact). allgather is a local allgather then a gather of the node blocks (padded to the largest
 node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank keeping its own;
@@ -34,13 +34,14 @@ a blocking call in the caller's thread once those before it finished.
 import atexit
 import struct
 import threading
+import time
 import zlib
 
 import numpy as np
 
-from . import _core
+from . import _core, pipeline
 from .comm import _empty_like, _is_numpy, _shape
-from .errors import ArgumentError, Error, MismatchError, NotSupportedError
+from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
 from .in_order import InOrder
 
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
@@ -101,6 +102,11 @@ class NodesCommunicator:
         # where rank r's block sits among the node blocks (padded to the widest node)
         self._order = np.array([layout.place(r)[0] * widest + layout.place(r)[1] for r in range(size)])
         self._widest = widest
+        # every local rank of every node carries a ring: the sliced allreduce (pipeline.py). All
+        # nodes or none, as the rings' calls must match: a node with more ranks than rings
+        # would cut the message otherwise.
+        self._sliced = layout.rings > 1 and all(len(r) == layout.rings for r in layout.nodes)
+        self._tuner = pipeline.Tuner(proposer=layout.node == 0 and local.rank == 0)
         self._closed = self._failed = False
         self._crcs = {}                         # (collective, dtype, op) -> their CRCs, for _meet
         self._block = np.zeros(_HEAD + SMALL, np.uint8)
@@ -108,6 +114,7 @@ class NodesCommunicator:
         self._blocks = np.zeros((self.nodes, _HEAD + SMALL), np.uint8)
         self._lock = threading.Lock()           # held while a collective runs
         self._calls = InOrder(self._run)
+        self._rings = None                      # the thread the rings run on beside the node stages
         local._c.allow_any_thread()             # this class orders the calls itself
         if parent is None:
             atexit.register(self.close)         # the goodbye is collective: see close()
@@ -145,11 +152,12 @@ class NodesCommunicator:
                 return fn()
             except MismatchError:
                 raise
-            except BaseException:
+            except BaseException as e:
                 self._failed = True
                 if self._watch is not None:
                     self._watch.abort()
-                self._local.abort()
+                # the node's other ranks learn why: a lost node is theirs too
+                self._local.abort(PeerLostError if isinstance(e, PeerLostError) else None)
                 raise
 
     def _call(self, fn):
@@ -157,6 +165,11 @@ class NodesCommunicator:
 
     def _start(self, fn, result):
         return self._calls.start(fn, result)
+
+    def _ring_thread(self):
+        if self._rings is None:
+            self._rings = pipeline.ring_thread()
+        return self._rings
 
     def _allow_any_thread(self):
         """Calls come in the same order on every rank, from any thread (torch's contract)."""
@@ -193,21 +206,23 @@ class NodesCommunicator:
             self._local.allgather(piece, out=every)
         return every[:R].reshape(R, N, S).transpose(1, 0, 2).reshape(N, R * S)[:, :B]
 
-    def _meet(self, name, buf, op, root, data=None, node_part=None):
+    def _meet(self, name, buf, op, root, data=None, node_part=None, hint=0):
         """The exchange every call starts with: each rank's descriptor (collective, dtype, count,
         op, root) and up to SMALL bytes of data, in blocks of one fixed size whatever the call,
         so ranks that disagree still exchange alike. Each of a node's ranks checks its node's
         descriptors and makes the node's block (node_part(rows): the node's data from its ranks'
         rows), and every ring gathers the node blocks.
         MismatchError on every rank unless all descriptors agree; else the nodes' data parts,
-        an (nodes, SMALL) uint8 array, the same on every rank."""
+        an (nodes, SMALL) uint8 array, the same on every rank. hint (0-255) of node 0's local
+        rank 0 is the call's on every rank: self._hint."""
         dt = str(buf.dtype) if buf is not None else "-"
         count = (buf.numel() if hasattr(buf, "numel") else buf.size) if buf is not None else -1
         crcs = self._crcs.get((name, dt, op))
         if crcs is None:
             crcs = self._crcs[name, dt, op] = tuple(zlib.crc32(str(w).encode()) for w in (name, dt, op))
         block, nodes = self._block, self._blocks  # (this rank's, every node's): reused, calls run one at a time
-        block[:_HEAD] = np.frombuffer(struct.pack("<6q", 1, crcs[0], crcs[1], count, crcs[2], root), np.uint8)
+        block[:_HEAD] = np.frombuffer(struct.pack("<6q", 1 | hint << 8, crcs[0], crcs[1], count, crcs[2], root),
+                                      np.uint8)
         if data is not None:
             block[_HEAD:_HEAD + len(data)] = data
         if self.local_size > 1:
@@ -217,7 +232,7 @@ class NodesCommunicator:
             rows = block.reshape(1, -1)
         mine = nodes[self.node]  # the same bytes on each of the node's ranks
         mine[:_HEAD] = rows[0, :_HEAD]
-        if self.local_size > 1 and not (rows[:, :_HEAD] == rows[0, :_HEAD]).all():
+        if self.local_size > 1 and not (rows[:, 8:_HEAD] == rows[0, 8:_HEAD]).all():
             mine[0] = 0  # this node's ranks disagree (byte 0 is the head's "agrees")
         elif node_part is not None:
             part = node_part(rows[:, _HEAD:])
@@ -234,6 +249,7 @@ class NodesCommunicator:
             raise MismatchError(f"ranks disagree on the arguments of {name} (this rank, on node {self.node}: "
                                 f"{dt} x {count}, op {op}, root {root}): every rank must call the same "
                                 "collectives in the same order with the same arguments")
+        self._hint = int(nodes[0, 1])
         return nodes[:, _HEAD:]
 
     def _agree(self, name, buf, op, root):
@@ -263,9 +279,11 @@ class NodesCommunicator:
                 return _fold(rows[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
             parts = self._meet("allreduce", buf, op, -1, raw, node_part)
             _raw(out)[:] = _fold(parts[:, :len(raw)], buf, base).reshape(-1).view(np.uint8)
-        elif self._layout.rings == self.local_size > 1:
-            self._agree("allreduce", buf, op, -1)
-            self._allreduce_sliced(buf, base, out)
+        elif self._sliced:  # timed from the start, as the exchange is what the choice waits in
+            t0, piece = time.perf_counter(), -(-len(raw) // self.local_size)
+            self._meet("allreduce", buf, op, -1, hint=self._tuner.pick(piece))
+            pipeline.allreduce_sliced(self, _flat(buf), base, _CODES[base], _flat(out), self._hint)
+            self._tuner.took(piece, self._hint, time.perf_counter() - t0)
         else:
             self._agree("allreduce", buf, op, -1)
             if self.local_size > 1:
@@ -276,27 +294,6 @@ class NodesCommunicator:
         if op == "avg":
             _flat(out)[:] /= self.size
         return out
-
-    def _allreduce_sliced(self, buf, base, out):
-        """When every local rank carries a ring: the node's ranks reduce-scatter (local rank l gets
-        slice l of the node's result), ring l reduces slice l across the nodes, and a local
-        allgather puts the slices together in out. No rank reduces more than its slice."""
-        L, src = self.local_size, _flat(buf)
-        n = len(src)
-        S = -(-n // L)
-        if L * S != n:  # pad to L equal slices; the pads are reduced among themselves and dropped
-            src = _empty_like(src, (L * S,))
-            src[:n] = _flat(buf)
-            src[n:] = 0
-        piece = _empty_like(src, (S,))
-        self._local.reduce_scatter(src, op=base, out=piece)
-        if self.nodes > 1:
-            self._bridge.allreduce(piece, _CODES[base], self._timeout)
-        dst = _flat(out)
-        whole = dst if L * S == n else _empty_like(src, (L * S,))
-        self._local.allgather(piece, out=whole)
-        if whole is not dst:
-            dst[:] = whole[:n]
 
     def _bcast(self, buf, root):
         node, local_root = self._layout.place(root)
@@ -512,6 +509,8 @@ class NodesCommunicator:
             child.close()
         self._closed = True
         self._calls.stop()
+        if self._rings is not None:
+            self._rings.shutdown()
         if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
             self._parent._children.remove(self)
             if self._bridge is not None:

@@ -2,7 +2,7 @@
 test_launchers_across.py), whichever launcher starts it: every collective against NumPy.
 
 MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: rank DIE (the last
-by default) is killed, the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
+by default) is killed (after DIE_AFTER s of allreduces of COUNT floats), the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
 node 1 joins late, until Ctrl-C. With an argument "mpi", the communicator comes from
 mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well.
 """
@@ -58,16 +58,17 @@ if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which come
 if os.environ.get("MODE") in ("loop", "die"):  # until the job breaks (loop: a node's link goes down)
     if os.environ["MODE"] == "loop":
         say("looping")
-    elif c.rank == int(os.environ.get("DIE", P - 1)):  # die: rank DIE (default the last) is killed
-        os.kill(os.getpid(), 9)
+    elif c.rank == int(os.environ.get("DIE", P - 1)):  # die: rank DIE (default the last) is killed,
+        import threading                                  # after DIE_AFTER seconds of the loop
+        threading.Timer(float(os.environ.get("DIE_AFTER", 0)), os.kill, (os.getpid(), 9)).start()
     try:
         while True:
-            c.allreduce(np.ones(1000, dtype=np.float32))
+            c.allreduce(np.ones(int(os.environ.get("COUNT", 1000)), dtype=np.float32))
     except hbmcoll.PeerLostError as e:
         say("lost:", e)
         raise SystemExit(5)
 for dtype in (np.float32, np.int32, np.float64):
-    for count in (1, 7, 1000, 1 << 18):
+    for count in (1, 7, 1000, 4099, 1 << 18):
         x = (np.arange(count) % 13 + c.rank).astype(dtype)
         c.allreduce(x)
         want = sum((np.arange(count) % 13 + r).astype(dtype) for r in range(P))
@@ -81,12 +82,16 @@ else:
 m = np.array([c.rank, -c.rank], dtype=np.int32)
 c.allreduce(m, op="max")
 assert list(m) == [P - 1, 0], m
-y = np.random.default_rng(c.rank).random(100001).astype(np.float32)  # inexact sums
-c.allreduce(y, op="avg")
-h = np.array([zlib.crc32(y.tobytes())], dtype=np.int64)
-h0 = h.copy()
-c.bcast(h0, root=0)
-assert h0[0] == h[0], "ranks disagree on the bits of a float sum"
+# inexact sums, the same bits everywhere; a size repeated, so that the chunk counts of the
+# pipelined allreduce are each tried (pipeline.Tuner), and one past the choice
+for _ in range(2 + 4 * 3):
+    y = np.random.default_rng(c.rank).random((1 << 18) + 1).astype(np.float32)
+    c.allreduce(y, op="avg")
+    h = np.array([zlib.crc32(y.tobytes())], dtype=np.int64)
+    h0 = h.copy()
+    c.bcast(h0, root=0)
+    assert h0[0] == h[0], "ranks disagree on the bits of a float sum"
+    assert np.allclose(y, sum(np.random.default_rng(r).random((1 << 18) + 1) for r in range(P)) / P, rtol=1e-5)
 for root in range(P):
     b = np.arange(1000, dtype=np.float32) * (c.rank + 1)
     c.bcast(b, root=root)

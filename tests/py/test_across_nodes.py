@@ -52,7 +52,7 @@ def _torchrun(nodes, per_node, port, env_extra, job=JOB, second_node_env=None):
     return netnodes.finish(procs, 240)
 
 
-@pytest.mark.parametrize("per_node", [2, 1, (2, 1)], ids=["2x2", "2x1", "2+1"])
+@pytest.mark.parametrize("per_node", [2, 1, (2, 1), (3, 2)], ids=["2x2", "2x1", "2+1", "3+2"])
 def test_torchrun_two_nodes(two_nodes, per_node):
     counts = per_node if isinstance(per_node, tuple) else (per_node, per_node)
     res = _torchrun(two_nodes, per_node, 29720 + sum(counts), {"HBMCOLL_JOB_KEY": "k" + "7" * 31})
@@ -92,11 +92,17 @@ def test_disagreeing_nodes_are_mismatch_everywhere(two_nodes):
         assert out.count(" ok") == 2, out
 
 
-def test_a_lost_node_is_peer_lost_on_the_others(two_nodes):
-    res = _torchrun(two_nodes, 2, 29736, {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "die"})
+@pytest.mark.parametrize("during", ["start", "pipeline"])
+def test_a_lost_node_is_peer_lost_on_the_others(two_nodes, during):
+    # "pipeline": killed 1 s into allreduces of 16 MiB in 4 chunks (pipeline.py), so most likely
+    # while a chunk is on the ring thread
+    big = {"COUNT": str(1 << 22), "DIE_AFTER": "1", "HBMCOLL_PIPELINE_CHUNKS": "4"} if during == "pipeline" else {}
+    res = _torchrun(two_nodes, 2, 29736 + (during == "pipeline"), {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "die", **big})
     rc, out, err = res[0]  # (torchrun stops a node's other ranks once one has failed)
     assert rc != 0 and "lost: the connection to the job's other nodes closed" in out, (out, err[-2000:])
     assert "hung" not in err
+    # no other error: a broken connection and the node's abort are PeerLostError too
+    assert "hbmcoll.SystemCallError" not in err and "hbmcoll.Error:" not in err, err[-3000:]
 
 
 def test_no_secret_is_one_clear_error(two_nodes):
