@@ -12,7 +12,7 @@ CALLER_PYTHONPATH := $(PYTHONPATH)
 export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev \
-               numactl mpich libmpich-dev libfabric-dev libfabric-bin iproute2 nftables
+               numactl mpich libmpich-dev openmpi-bin libfabric-dev libfabric-bin iproute2 nftables
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
 
 .PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean
@@ -27,6 +27,10 @@ deps:
 	  echo "installing Debian packages:" $$missing; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@# Open MPI's package takes Debian's mpiexec and mpicc from MPICH, which mpi4py here is
+	@# built against: they stay MPICH's, and Open MPI is mpiexec.openmpi.
+	@update-alternatives --set mpirun /usr/bin/mpirun.mpich >/dev/null 2>&1 || true
+	@update-alternatives --set mpi /usr/bin/mpicc.mpich >/dev/null 2>&1 || true
 	@$(PYTHON) tools/pip_missing.py $(PY_PKGS)
 	@# PyPI's mpi4py wheel looks for libmpi.so.12; Debian's MPICH ships libmpich.so.12,
 	@# so mpi4py is built from source against it (about 3 minutes, once).

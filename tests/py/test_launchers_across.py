@@ -136,6 +136,26 @@ def test_mpiexec_hydra(emulated_nodes, tmp_path, hosts, n):
         assert "rank 1 of 4 node 1 ok" in res[0][1] and "rank 2 of 4 node 0 ok" in res[0][1], res[0][1]
 
 
+@pytest.mark.parametrize("hosts,n,extra", [("10.77.0.1:2,10.77.0.2:1", 3, []),
+                                           ("10.77.0.1:2,10.77.0.2:2", 4, ["--map-by", "node"])],
+                         ids=["2+1", "round-robin"])
+def test_mpiexec_openmpi(emulated_nodes, tmp_path, hosts, n, extra):
+    """Open MPI's mpiexec as its users run it across nodes: its rsh launcher (the ssh stand-in)
+    starts orted on the other node, and -x passes the variables on."""
+    if shutil.which("mpiexec.openmpi") is None:
+        pytest.skip("Open MPI is not installed")
+    nodes = emulated_nodes(2)
+    ssh = nodes.ssh_stand_in(str(tmp_path / "ssh"))
+    passed = [a for v in ("MASTER_ADDR", "HBMCOLL_JOB_KEY", "PYTHONPATH", "OMP_NUM_THREADS") for a in ("-x", v)]
+    p = nodes.popen(0, ["mpiexec.openmpi", "--allow-run-as-root", "--mca", "plm_rsh_agent", ssh, "-H", hosts,
+                        "-n", str(n), *extra, *passed, sys.executable, JOB],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(MASTER_ADDR="10.77.0.1"))
+    res = netnodes.finish([p], 240)
+    _check(res, (n,))
+    if extra:  # one rank per node in turn
+        assert "rank 1 of 4 node 1 ok" in res[0][1] and "rank 2 of 4 node 0 ok" in res[0][1], res[0][1]
+
+
 def test_mpiexec_without_master_is_one_clear_error(emulated_nodes, tmp_path):
     env = _env(UCX_TLS="tcp,self")
     env.pop("MASTER_ADDR", None)
