@@ -134,9 +134,13 @@ static PyObject *bridge_ring(hb_bridge_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+enum { BRIDGE_ALLREDUCE, BRIDGE_ALLGATHER, BRIDGE_REDUCE_SCATTER };
+
 /* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code.
+ * reduce_scatter(buf, op, timeout=0): the same for this member's segment of buf only.
  * allgather(buf, timeout=0): buf holds one block per member, this member's at its number. */
-static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int gather) {
+static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int kind) {
+  int gather = kind == BRIDGE_ALLGATHER;
   static char *reduce_names[] = {"buf", "op", "timeout", NULL}, *gather_names[] = {"buf", "timeout", NULL};
   PyObject *obj;
   int op = 0;
@@ -156,9 +160,11 @@ static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int
   int rc;
   self->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  rc = gather ? coll__net_ring_allgather(self->ring, b.ptr, b.nbytes / n, timeout, err, sizeof err)
-              : coll__net_ring_allreduce(self->ring, b.dtype, (coll_op_t)op, b.ptr,
-                                         b.nbytes / coll_dtype_size(b.dtype), timeout, err, sizeof err);
+  if (gather)
+    rc = coll__net_ring_allgather(self->ring, b.ptr, b.nbytes / n, timeout, err, sizeof err);
+  else
+    rc = (kind == BRIDGE_ALLREDUCE ? coll__net_ring_allreduce : coll__net_ring_reduce_scatter)(
+        self->ring, b.dtype, (coll_op_t)op, b.ptr, b.nbytes / coll_dtype_size(b.dtype), timeout, err, sizeof err);
   Py_END_ALLOW_THREADS
   self->busy = 0;
   hb_buf_release(&b);
@@ -168,11 +174,15 @@ static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int
 }
 
 static PyObject *bridge_allreduce(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  return bridge_run(self, args, kw, 0);
+  return bridge_run(self, args, kw, BRIDGE_ALLREDUCE);
+}
+
+static PyObject *bridge_reduce_scatter(hb_bridge_t *self, PyObject *args, PyObject *kw) {
+  return bridge_run(self, args, kw, BRIDGE_REDUCE_SCATTER);
 }
 
 static PyObject *bridge_allgather(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  return bridge_run(self, args, kw, 1);
+  return bridge_run(self, args, kw, BRIDGE_ALLGATHER);
 }
 
 static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
@@ -197,6 +207,8 @@ static PyMethodDef bridge_methods[] = {
     {"ring", (PyCFunction)bridge_ring, METH_VARARGS, "ring(n, me, left, right)"},
     {"allreduce", (PyCFunction)(void (*)(void))bridge_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(buf, op, timeout=0): in place over the ring"},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))bridge_reduce_scatter, METH_VARARGS | METH_KEYWORDS,
+     "reduce_scatter(buf, op, timeout=0): in place, this member's segment of buf reduced over the ring"},
     {"allgather", (PyCFunction)(void (*)(void))bridge_allgather, METH_VARARGS | METH_KEYWORDS,
      "allgather(buf, timeout=0): buf's blocks, one per member, filled in place"},
     {"slot_bytes", (PyCFunction)bridge_slot_bytes, METH_NOARGS, "the bytes one ring transfer carries at most"},

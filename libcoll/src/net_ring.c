@@ -5,7 +5,8 @@
  * segment into K chunks of at most one slot, K the same for every segment so that all
  * members take the same steps. Reduce-scatter: at step s member m sends segment m - s to
  * its right and folds segment m - s - 1, arriving from its left, into its own buffer:
- * after n - 1 steps it holds segment m + 1 reduced over all members, computed by it alone.
+ * after n - 1 steps it holds segment m + 1 reduced over all members, computed by it alone (a
+ * reduce-scatter alone shifts the numbering by one, so that member m ends with segment m).
  * Allgather: n - 1 more steps pass the finished segments on, copied, not reduced. So every
  * member ends with the same bits, for floats too. An allgather alone is that second phase
  * with each member starting from its own segment.
@@ -161,15 +162,16 @@ static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, col
                          NULL, err, errlen);
 }
 
-/* The i-th transfer of a run that starts at phase `first` (0: reduce-scatter then allgather,
- * 1: allgather alone) over count elements of es bytes: step s of phase p (counted from the
- * run's first), chunk k of the segments it moves. Member m sends segment m - s + p, so in an
- * allgather alone it starts with its own segment m; after a reduce-scatter it owns m + 1. */
+/* The i-th transfer of a run that starts at phase `first` (0: reduce-scatter, 1: allgather)
+ * over count elements of es bytes: step s of phase p (counted from the run's first), chunk k
+ * of the segments it moves. Member m sends segment m - s + p + shift, so in an allgather alone
+ * it starts with its own segment m; after a reduce-scatter it owns m + 1 + shift (shift n - 1:
+ * its own). */
 static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count, size_t es, size_t K,
-                             int first, size_t i) {
+                             int first, size_t shift, size_t i) {
   size_t n = (size_t)r->n, base = count / n, extra = count % n, ce = r->chunk / es;
   size_t k = i % K, s = (i / K) % (n - 1), p = i / (K * (n - 1));
-  size_t out = ((size_t)r->me + n - s + p) % n, in = ((size_t)r->me + 2 * n - s - 1 + p) % n;
+  size_t out = ((size_t)r->me + n - s + p + shift) % n, in = ((size_t)r->me + 2 * n - s - 1 + p + shift) % n;
   size_t out_len = base + (out < extra), in_len = base + (in < extra);
   size_t out_at = out * base + (out < extra ? out : extra), in_at = in * base + (in < extra ? in : extra);
   size_t o = k * ce < out_len ? (out_len - k * ce < ce ? out_len - k * ce : ce) : 0;
@@ -178,12 +180,13 @@ static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count
   return st;
 }
 
-/* The transfers of a run from phase `first` on, each member's segments cut in K chunks. */
+/* The transfers of `phases` phases from phase `first` on, each member's segments cut in K
+ * chunks, segment numbers shifted by `shift` (ring_plan). */
 static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf, size_t count,
-                    int first, double timeout_s, char *err, size_t errlen) {
+                    int first, int phases, size_t shift, double timeout_s, char *err, size_t errlen) {
   size_t es = coll_dtype_size(dtype);
   size_t n = (size_t)r->n, ce = r->chunk / es, longest = count / n + (count % n != 0);
-  size_t K = (longest + ce - 1) / ce, T = (size_t)(2 - first) * (n - 1) * K;
+  size_t K = (longest + ce - 1) / ce, T = (size_t)phases * (n - 1) * K;
   /* With two chunks or more per step, transfer i + 1 never sends what transfer i brings
    * (that goes out K transfers later), so it is posted first and the link stays busy while
    * the chunk that came in is folded. */
@@ -191,11 +194,11 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
   r->next = (uint32_t)(t0 + T) & ~RING_CREDIT;
-  ring_step_t st = ring_plan(r, buf, count, es, K, first, 0);
+  ring_step_t st = ring_plan(r, buf, count, es, K, first, shift, 0);
   int rc = ring_post(r, t0 & ~RING_CREDIT, &st, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i < T; i++) {
     uint32_t t = (uint32_t)(t0 + i) & ~RING_CREDIT, u = (t + 1) & ~RING_CREDIT;
-    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, i + 1) : st;
+    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, shift, i + 1) : st;
     if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     /* the allgather overwrites what the reduce-scatter sent K(n-1) transfers before: written
      * straight from here, that write must have left first (at most two are in flight) */
@@ -212,12 +215,19 @@ int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t 
                              size_t count, double timeout_s, char *err, size_t errlen) {
   if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
   if (r->n == 1 || count == 0) return 0;
-  return ring_run(r, dtype, op, buf, count, 0, timeout_s, err, errlen);
+  return ring_run(r, dtype, op, buf, count, 0, 2, 0, timeout_s, err, errlen);
+}
+
+int coll__net_ring_reduce_scatter(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf,
+                                  size_t count, double timeout_s, char *err, size_t errlen) {
+  if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
+  if (r->n == 1 || count == 0) return 0;
+  return ring_run(r, dtype, op, buf, count, 0, 1, (size_t)r->n - 1, timeout_s, err, errlen);
 }
 
 int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen) {
   if (block && buf == NULL) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
-  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, timeout_s, err, errlen);
+  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
 }

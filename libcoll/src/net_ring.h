@@ -37,6 +37,13 @@ size_t coll__net_ring_slot_bytes(const coll__net_ring_t *ring);
 int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
                              size_t count, double timeout_s, char *err, size_t errlen);
 
+/* In place, on every member at once: buf[0..count) is cut in n segments (the first count % n
+ * one element longer), and member m's segment m becomes op over the members' (the first half
+ * of an allreduce: every other segment is left partly reduced). Returns as
+ * coll__net_ring_allreduce. */
+int coll__net_ring_reduce_scatter(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
+                                  size_t count, double timeout_s, char *err, size_t errlen);
+
 /* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
  * block m; afterwards every member has all n. Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,

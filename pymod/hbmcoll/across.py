@@ -11,14 +11,16 @@ ranks 0..R-1, R the fewest ranks of any node), so every carrier and a NIC queue 
 
 allreduce is a local allreduce then a reduce, or where every local rank carries a ring, a local
 reduce-scatter, each slice around its ring, and a local allgather, in chunks that overlap
-(pipeline.py); reduce and reduce_scatter take their part of it.
+(pipeline.py); reduce takes its part of it. reduce_scatter, where every node has one rank per
+ring, is a local reduce-scatter and a reduce-scatter around each ring (half an allreduce's
+bytes); elsewhere, or up to SMALL bytes, its part of an allreduce.
 bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum with one term is
-exact). allgather is a local allgather then a gather of the node blocks (padded to the largest
-node); gather keeps root's copy; scatter is a bcast of root's blocks, each rank keeping its own;
-alltoall is a local alltoall for the node's own ranks and a gather of the node blocks holding each
-node's blocks for the other nodes. So gather, scatter, reduce, reduce_scatter and (beyond two
-nodes) alltoall move more than they need to: correct first; their own paths need a pairwise
-primitive on the bridge.
+exact): a ring moves what a scatter and an allgather would. allgather is a local allgather then
+a gather of the node blocks (padded to the largest node); gather keeps root's copy (the root's
+link carries the same bytes either way); scatter is a bcast of root's blocks, each rank keeping
+its own; alltoall is a local alltoall for the node's own ranks and a gather of the node blocks
+holding each node's blocks for the other nodes. So scatter and (beyond two nodes) alltoall move
+more than they need to: correct first; their own paths need a pairwise primitive on the bridge.
 
 Every call starts with one exchange of blocks of a fixed size (_meet): each rank's descriptor
 (collective, dtype, count, op, root) and up to SMALL bytes of data, gathered in the node and then
@@ -105,7 +107,8 @@ class NodesCommunicator:
         # every local rank of every node carries a ring: the sliced allreduce (pipeline.py). All
         # nodes or none, as the rings' calls must match: a node with more ranks than rings
         # would cut the message otherwise.
-        self._sliced = layout.rings > 1 and all(len(r) == layout.rings for r in layout.nodes)
+        self._even = all(len(r) == layout.rings for r in layout.nodes)
+        self._sliced = layout.rings > 1 and self._even
         self._tuner = pipeline.Tuner(proposer=layout.node == 0 and local.rank == 0)
         self._closed = self._failed = False
         self._crcs = {}                         # (collective, dtype, op) -> their CRCs, for _meet
@@ -437,12 +440,34 @@ class NodesCommunicator:
             out = _empty_like(buf, shp[1:])
 
         def fn():
+            if self._even and self.nodes > 1 and len(_raw(buf)) > SMALL:
+                self._reduce_scatter_rings(buf, op, out)
+                return out
             tmp = _empty_like(buf, shp)
             self._allreduce(buf, op, tmp)
             n = len(_flat(out))
             _flat(out)[:] = _flat(tmp)[self.rank * n:(self.rank + 1) * n]
             return out
         return fn, out
+
+    def _reduce_scatter_rings(self, buf, op, out):
+        """Where every node has one rank per ring: local rank l of node k gets, from its node's
+        reduce-scatter, the blocks of local rank l of every node (node by node), reduced over the
+        node; ring l reduce-scatters those, and member k keeps segment k, its own block. Half
+        the ring's bytes of an allreduce, and no allgather in the node."""
+        self._agree("reduce_scatter", buf, op, -1)
+        base, lay, L, N = self._op(op, buf), self._layout, self.local_size, self.nodes
+        blocks = _flat(buf).reshape(self.size, -1)
+        b = blocks.shape[1]
+        mine = blocks[[lay.nodes[k][l] for l in range(L) for k in range(N)]].reshape(-1)  # a copy
+        piece = mine
+        if L > 1:
+            piece = _empty_like(mine, (N * b,))
+            self._local.reduce_scatter(mine, op=base, out=piece)
+        self._bridge.reduce_scatter(piece, _CODES[base], self._timeout)
+        _flat(out)[:] = piece[self.node * b:(self.node + 1) * b]
+        if op == "avg":
+            _flat(out)[:] /= self.size
 
     def alltoall(self, buf, out=None):
         """Block j of rank i's buf (first dimension size) lands in block i of rank j's out."""

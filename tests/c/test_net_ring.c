@@ -1,5 +1,5 @@
 /*
- * test_net_ring.c - allreduce and allgather between emulated nodes around the bridge's ring
+ * test_net_ring.c - allreduce, allgather and reduce-scatter between emulated nodes around the bridge's ring
  * (libcoll/src/net_ring.c): each member a process in its own network namespace
  * (tests/c/netns.h), tcp;ofi_rxm over the veths, cards swapped through the parent.
  *
@@ -10,6 +10,7 @@
  *    (each member reports a checksum of its result, the parent compares them);
  *  - several collectives in a row on one ring (transfer numbers carry on);
  *  - allgather of blocks from 0 bytes to 3 MiB after the allreduces, each block checked;
+ *  - reduce-scatter alone, each member's own segment checked;
  *  - with 1% of the frames dropped, the same.
  * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
  */
@@ -146,6 +147,37 @@ static int allgather_cases(int me, int n, coll__net_ring_t *ring) {
   return bad;
 }
 
+/* Reduce-scatter alone: member m's own segment (the first count % n one longer) must be the
+ * reduction over all members; counts up to several chunks a segment. */
+static int reduce_scatter_cases(int me, int n, coll__net_ring_t *ring) {
+  size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, (3u << 20) + 7};
+  ring_kind_t ks[] = {{COLL_FLOAT32, COLL_SUM}, {COLL_INT32, COLL_MAX}};
+  char err[256] = "";
+  int bad = 0;
+  for (size_t k = 0; k < 2; k++)
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+      coll_dtype_t t = ks[k].dtype;
+      coll_op_t op = ks[k].op;
+      size_t cnt = counts[c], base = cnt / (size_t)n, extra = cnt % (size_t)n, m = (size_t)me;
+      uint8_t *buf = malloc(cnt * coll_dtype_size(t) + 1);
+      for (size_t i = 0; i < cnt; i++) store(t, buf, i, input(me, i, op, 0));
+      int rc = coll__net_ring_reduce_scatter(ring, t, op, buf, cnt, 60, err, sizeof err);
+      if (rc) fprintf(stderr, "member %d: reduce_scatter of %zu: %d %s\n", me, cnt, rc, err), bad++;
+      size_t from = m * base + (m < extra ? m : extra), to = from + base + (m < extra);
+      for (size_t i = from; rc == 0 && i < to; i++) {
+        double want = input(0, i, op, 0);
+        for (int q = 1; q < n; q++) want = fold(op, want, input(q, i, op, 0));
+        if (load(t, buf, i) != want) {
+          fprintf(stderr, "member %d: reduce_scatter of %zu: [%zu] = %g, want %g\n", me, cnt, i, load(t, buf, i), want);
+          bad++;
+          break;
+        }
+      }
+      free(buf);
+    }
+  return bad;
+}
+
 static int member(int me, int n, int fd, const netns_t *ns) {
   char err[256] = "";
   coll__net_t *net = NULL;
@@ -184,6 +216,7 @@ static int member(int me, int n, int fd, const netns_t *ns) {
     }
   }
   bad += allgather_cases(me, n, ring);
+  bad += reduce_scatter_cases(me, n, ring);
   coll__net_ring_free(ring);
   char done = 'a'; /* my allgathers are over; the parent says when everyone's are */
   if (write(fd, &done, 1) != 1) return 16;

@@ -112,6 +112,14 @@ for root in (0, P - 1):
     assert r is None or np.array_equal(r, sum(mine(q, 9) for q in range(P)).astype(np.float64))
 rs = c.reduce_scatter(np.stack([mine(c.rank, 4) + j for j in range(P)]).astype(np.int32))
 assert np.array_equal(rs, sum(mine(q, 4) + c.rank for q in range(P)).astype(np.int32)), rs
+import torch  # noqa: E402  (not before: the failure modes above do without)
+for comm in (c, c.split(c.rank % 2)):  # beyond SMALL: around the rings where the layout allows
+    R, Q = comm.rank, comm.size
+    blocks = np.stack([np.arange(1000) * (R + 1) + j for j in range(Q)]).astype(np.float64)
+    got = comm.reduce_scatter(blocks)
+    assert np.array_equal(got, sum(np.arange(1000) * (q + 1) + R for q in range(Q))), (R, got[:3])
+    got = comm.ireduce_scatter(torch.from_numpy(blocks).to(torch.float32), op="max").wait()
+    assert torch.equal(got, torch.arange(1000, dtype=torch.float32) * Q + R), (R, got[:3])
 a2a = c.alltoall(np.array([[c.rank * 10 + j, j] for j in range(P)], dtype=np.int32))
 assert np.array_equal(a2a, np.array([[i * 10 + c.rank, c.rank] for i in range(P)])), a2a
 big = np.arange(P * 700, dtype=np.float64).reshape(P, 700) + 1e6 * c.rank  # blocks of 5600 bytes
@@ -123,7 +131,6 @@ reqs.append(c.iallgather(np.array([c.rank], np.int32)))
 for k, q in enumerate(reqs[:4]):
     assert np.array_equal(q.wait(), np.full(3, sum(range(P)) + P * k, np.float64))
 assert list(reqs[4].wait().reshape(-1)) == list(range(P))
-import torch
 t = torch.arange(10, dtype=torch.bfloat16) + c.rank
 c.allreduce(t)
 assert torch.equal(t, sum(torch.arange(10, dtype=torch.bfloat16) + r for r in range(P)))
