@@ -134,6 +134,15 @@ static PyObject *bridge_ring(hb_bridge_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *bridge_reach(hb_bridge_t *self, PyObject *args) {
+  int member, peer;
+  if (!PyArg_ParseTuple(args, "ii", &member, &peer) || !bridge_usable(self)) return NULL;
+  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
+  int rc = coll__net_ring_reach(self->ring, member, peer);
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, "reach: no such member of the ring");
+  Py_RETURN_NONE;
+}
+
 enum { BRIDGE_ALLREDUCE, BRIDGE_ALLGATHER, BRIDGE_REDUCE_SCATTER };
 
 /* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code.
@@ -205,6 +214,8 @@ static PyMethodDef bridge_methods[] = {
     {"add_peer", (PyCFunction)bridge_add_peer, METH_O, "add_peer(card) -> peer number"},
     {"watch", (PyCFunction)bridge_watch, METH_VARARGS, "watch(fd, what): a closed fd is a lost node"},
     {"ring", (PyCFunction)bridge_ring, METH_VARARGS, "ring(n, me, left, right)"},
+    {"reach", (PyCFunction)bridge_reach, METH_VARARGS,
+     "reach(member, peer): the ring's member `member` is net peer `peer` (small allgathers in log2 n steps)"},
     {"allreduce", (PyCFunction)(void (*)(void))bridge_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(buf, op, timeout=0): in place over the ring"},
     {"reduce_scatter", (PyCFunction)(void (*)(void))bridge_reduce_scatter, METH_VARARGS | METH_KEYWORDS,

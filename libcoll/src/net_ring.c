@@ -29,7 +29,10 @@
 #include "net_ring.h"
 
 #define RING_CREDIT 0x80000000u /* a note's top bit: credit (from the right), else data */
+#define RING_HOP 0x40000000u    /* the next bit: a step of the small allgather (ring_hops) */
+#define RING_NUM 0x3fffffffu    /* the rest: the transfer's or step's number */
 #define RING_SEEN 8             /* notes kept by number, per kind */
+#define HOP_SEEN 32             /* steps kept by number: 4 allgathers of up to 8 steps */
 #define RING_SCRATCH 4096       /* the pool's tail: where credits land */
 
 struct coll__net_ring {
@@ -41,20 +44,33 @@ struct coll__net_ring {
   uint32_t data_seen[RING_SEEN], credit_seen[RING_SEEN];
   uint64_t staged[2], sent[2]; /* writes from each send slot: posted, completed */
   int direct;         /* chunks written straight from the caller's buffer, not staged */
+  int *reach;         /* net peer of each member (-1: none yet), for the small allgather */
+  uint32_t hops;      /* small allgathers so far */
+  uint32_t hop_seen[HOP_SEEN];
+  size_t hop_area;    /* the pool's bytes before the scratch: the small allgather's two areas */
 };
 
 static size_t ring_send_off(const coll__net_ring_t *r, uint32_t t) { return (t & 1) * r->chunk; }
 static size_t ring_recv_off(const coll__net_ring_t *r, uint32_t t) { return (2 + (t & 1)) * r->chunk; }
-static size_t ring_scratch_off(const coll__net_ring_t *r) { return 4 * r->chunk; }
+static size_t ring_scratch_off(const coll__net_ring_t *r) { return 4 * r->chunk + r->hop_area; }
+static size_t ring_hop_off(const coll__net_ring_t *r, uint32_t call) {
+  return 4 * r->chunk + (call & 1) * (r->hop_area / 2);
+}
 
 int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
                         coll__net_ring_t **ring_p) {
   size_t pool = coll__net_pool_bytes(net);
   if (n < 1 || me < 0 || me >= n || pool < 65536) return COLL_EBADARG;
   coll__net_ring_t *r = calloc(1, sizeof *r);
-  if (r == NULL) return -ENOMEM;
+  if (r == NULL || (r->reach = malloc((size_t)n * sizeof *r->reach)) == NULL) {
+    free(r);
+    return -ENOMEM;
+  }
   r->net = net, r->n = n, r->me = me, r->left = left, r->right = right;
-  r->chunk = ((pool - RING_SCRATCH) / 4) & ~(size_t)63;
+  r->hop_area = (pool / 16) & ~(size_t)127;
+  r->chunk = ((pool - RING_SCRATCH - r->hop_area) / 4) & ~(size_t)63;
+  for (int m = 0; m < n; m++) r->reach[m] = -1;
+  memset(r->hop_seen, 0xff, sizeof r->hop_seen);
   r->direct = coll__net_any_source(net);
   memset(r->data_seen, 0xff, sizeof r->data_seen);
   memset(r->credit_seen, 0xff, sizeof r->credit_seen);
@@ -62,7 +78,16 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
   return 0;
 }
 
-void coll__net_ring_free(coll__net_ring_t *r) { free(r); }
+void coll__net_ring_free(coll__net_ring_t *r) {
+  if (r) free(r->reach);
+  free(r);
+}
+
+int coll__net_ring_reach(coll__net_ring_t *r, int member, int peer) {
+  if (member < 0 || member >= r->n) return COLL_EBADARG;
+  r->reach[member] = peer;
+  return 0;
+}
 
 int coll__net_ring_members(const coll__net_ring_t *r) { return r->n; }
 
@@ -75,19 +100,22 @@ static double ring_now(void) {
 }
 
 static void ring_keep(coll__net_ring_t *r, uint32_t note) {
-  uint32_t num = note & ~RING_CREDIT;
-  ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
+  uint32_t num = note & RING_NUM;
+  if (note & RING_HOP) r->hop_seen[num % HOP_SEEN] = num;
+  else ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
 }
 
 /* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
  * completion of my write from send slot t % 2. */
-enum { RING_DATA, RING_CREDIT_OF, RING_SENT };
+enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF };
 static const char *const ring_waits_for[] = {"data from the previous node's rank",
                                              "credit from the next node's rank",
-                                             "my write to the next node's rank to complete"};
+                                             "my write to the next node's rank to complete",
+                                             "blocks from another node's rank"};
 
 static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
+  if (what == RING_HOP_OF) return r->hop_seen[t % HOP_SEEN] == t;
   return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
 }
 
@@ -131,7 +159,7 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
                      char *err, size_t errlen) {
   uint8_t *pool = coll__net_pool(r->net);
   int rc;
-  if (t >= 2 && (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & ~RING_CREDIT, timeout_s, err, errlen)) != 0)
+  if (t >= 2 && (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & RING_NUM, timeout_s, err, errlen)) != 0)
     return rc;
   if ((rc = ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
   r->staged[t & 1]++;
@@ -193,17 +221,17 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   int ahead = K >= 2;
   coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
-  r->next = (uint32_t)(t0 + T) & ~RING_CREDIT;
+  r->next = (uint32_t)(t0 + T) & RING_NUM;
   ring_step_t st = ring_plan(r, buf, count, es, K, first, shift, 0);
-  int rc = ring_post(r, t0 & ~RING_CREDIT, &st, timeout_s, err, errlen);
+  int rc = ring_post(r, t0 & RING_NUM, &st, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i < T; i++) {
-    uint32_t t = (uint32_t)(t0 + i) & ~RING_CREDIT, u = (t + 1) & ~RING_CREDIT;
+    uint32_t t = (uint32_t)(t0 + i) & RING_NUM, u = (t + 1) & RING_NUM;
     ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, shift, i + 1) : st;
     if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     /* the allgather overwrites what the reduce-scatter sent K(n-1) transfers before: written
      * straight from here, that write must have left first (at most two are in flight) */
     if (rc == 0 && r->direct && first == 0 && i >= K * (n - 1))
-      rc = ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & ~RING_CREDIT, timeout_s, err, errlen);
+      rc = ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & RING_NUM, timeout_s, err, errlen);
     if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
     if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     st = next;
@@ -225,9 +253,38 @@ int coll__net_ring_reduce_scatter(coll__net_ring_t *r, coll_dtype_t dtype, coll_
   return ring_run(r, dtype, op, buf, count, 0, 1, (size_t)r->n - 1, timeout_s, err, errlen);
 }
 
+/* The small allgather (Bruck's dissemination): W, the call's area of my pool, holds at W[j] the
+ * block of member me + j. Step k (d = 2^k) writes W[0, min(d, n - d)) into member me - d's
+ * W[d, ...) and waits for member me + d's write of the same into mine: ceil(log2 n) steps
+ * where the ring takes n - 1. The areas alternate between calls, and no credit is needed: a
+ * member is at most one call ahead of any other (it cannot finish a call before everyone
+ * started it), and my own writes from an area completed before the call ended. */
+static int ring_hops(coll__net_ring_t *r, uint8_t *buf, size_t block, double timeout_s, char *err, size_t errlen) {
+  size_t n = (size_t)r->n, me = (size_t)r->me;
+  uint32_t call = r->hops++;
+  size_t area = ring_hop_off(r, call);
+  uint8_t *w = coll__net_pool(r->net) + area;
+  memcpy(w, buf + me * block, block);
+  coll__net_set_timeout(r->net, timeout_s);
+  int rc = 0;
+  for (uint32_t k = 0, d = 1; rc == 0 && d < n; k++, d <<= 1) {
+    size_t cnt = d < n - d ? d : n - d;
+    uint32_t step = (call * 8 + k) & RING_NUM;
+    rc = coll__net_write(r->net, r->reach[(me + n - d) % n], area, area + d * block, cnt * block, step | RING_HOP,
+                         NULL, err, errlen);
+    if (rc == 0) rc = ring_wait(r, RING_HOP_OF, step, timeout_s, err, errlen);
+  }
+  if (rc == 0) rc = coll__net_flush(r->net, err, errlen);
+  for (size_t j = 0; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, block);
+  return rc;
+}
+
 int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen) {
   if (block && buf == NULL) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
+  int reached = r->n > 2 && block * (size_t)r->n <= r->hop_area / 2;
+  for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
+  if (reached) return ring_hops(r, buf, block, timeout_s, err, errlen);
   return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
 }

@@ -20,7 +20,8 @@ typedef struct coll__net_ring coll__net_ring_t;
 
 /* A ring of n members (n >= 1) in which this endpoint is member `me`; left and right are
  * the net peers (coll__net_add_peer) of members me-1 and me+1 (unused when n == 1). The
- * ring uses the endpoint's whole pool, in chunks of (pool bytes - 4 KiB) / 4. Returns 0 and
+ * ring uses the endpoint's whole pool: a 16th for the small allgather, 4 KiB for credits, the
+ * rest in 4 chunks. Returns 0 and
  * *ring_p, COLL_EBADARG (a pool under 64 KiB, me out of range) or -ENOMEM. */
 int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
                         coll__net_ring_t **ring_p);
@@ -44,8 +45,13 @@ int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op
 int coll__net_ring_reduce_scatter(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
                                   size_t count, double timeout_s, char *err, size_t errlen);
 
+/* Member `member`'s net peer, for the allgather of small blocks in ceil(log2 n) steps (which
+ * writes to members other than the neighbours); COLL_EBADARG if member is out of range. */
+int coll__net_ring_reach(coll__net_ring_t *ring, int member, int peer);
+
 /* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
- * block m; afterwards every member has all n. Returns as coll__net_ring_allreduce. */
+ * block m; afterwards every member has all n. Where every member was reached, n > 2 and the
+ * n blocks fit half of a 16th of the pool (128 KiB of 4 MiB), in ceil(log2 n) steps (Bruck's dissemination), else around the ring. Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
 

@@ -24,7 +24,8 @@ more than they need to: correct first; their own paths need a pairwise primitive
 
 Every call starts with one exchange of blocks of a fixed size (_meet): each rank's descriptor
 (collective, dtype, count, op, root) and up to SMALL bytes of data, gathered in the node and then
-around the rings. Every rank sees all the nodes' blocks, so every rank reaches the same verdict
+between the nodes by every ring's members (ceil(log2 nodes) steps: net_ring.c's small
+allgather). Every rank sees all the nodes' blocks, so every rank reaches the same verdict
 and a disagreement anywhere is MismatchError on every rank. Allreduce and bcast of up to SMALL
 bytes finish in that exchange (folded in node order, the same bits everywhere). Any other failure
 ends the job's communicator on every rank: this node's connections close without a goodbye (the

@@ -284,6 +284,9 @@ def ring(bridge, layout, cards):
     left, right = (me - 1) % n, (me + 1) % n
     peers = {m: bridge.add_peer(cards[m]) for m in {left, right}}
     bridge.ring(n, me, peers[left], peers[right])
+    for m in range(n):  # every member: the small allgather writes to members 2^k away
+        if m != me:
+            bridge.reach(m, peers[m] if m in peers else bridge.add_peer(cards[m]))
 
 
 def say(layout, bridge, env):

@@ -31,7 +31,7 @@
 #include "net_ring.h"
 
 #define HARNESS_KEY_PREFIX "hbnr"
-#define MAX_RANKS 4
+#define MAX_RANKS 5
 #define HARNESS_NAME_WIDTH 48
 #include "harness.h"
 #include "netns.h"
@@ -120,6 +120,11 @@ static int join(int me, int n, int fd, const netns_t *ns, coll__net_t **net_p, c
   if (rm == lm) right = left;
   else if ((rc = coll__net_add_peer(net, all[rm], lens[rm], &right, err, sizeof err)) != 0) return 13;
   if (coll__net_ring_make(net, n, me, left, right, ring_p) != 0) return 14;
+  for (int m = 0; m < n; m++) { /* every member reached: small allgathers take log2 n steps */
+    int peer = m == lm ? left : m == rm ? right : -1;
+    if (m != me && peer < 0 && coll__net_add_peer(net, all[m], lens[m], &peer, err, sizeof err) != 0) return 13;
+    if (m != me && coll__net_ring_reach(*ring_p, m, peer) != 0) return 14;
+  }
   *net_p = net;
   return 0;
 }
@@ -355,6 +360,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count, allgather", 2, 0);
   if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count, allgather", 3, 0);
+  if (CASE("ring: 5 nodes")) run_ring("ring: 5 nodes, every dtype x op x count, allgather", 5, 0);
   if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang", 0);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies, watched: peer lost at once", 1);
