@@ -194,6 +194,39 @@ static PyObject *bridge_allgather(hb_bridge_t *self, PyObject *args, PyObject *k
   return bridge_run(self, args, kw, BRIDGE_ALLGATHER);
 }
 
+/* shift(j, src, dst, timeout=0): src to member me + j, member me - j's into dst (same sizes on
+ * every member), the pairwise step of an alltoall. */
+static PyObject *bridge_shift(hb_bridge_t *self, PyObject *args, PyObject *kw) {
+  static char *names[] = {"j", "src", "dst", "timeout", NULL};
+  PyObject *so, *dobj;
+  int j;
+  double timeout = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOO|d", names, &j, &so, &dobj, &timeout) || !bridge_usable(self))
+    return NULL;
+  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
+  hb_buf_t src, dst;
+  if (hb_buf_get(so, 0, "src", &src) != 0) return NULL;
+  if (hb_buf_get(dobj, 1, "dst", &dst) != 0) {
+    hb_buf_release(&src);
+    return NULL;
+  }
+  if (src.nbytes != dst.nbytes) {
+    hb_buf_release(&src), hb_buf_release(&dst);
+    return hb_bad_arg("shift: src and dst differ in size");
+  }
+  char err[320] = "";
+  int rc;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll__net_ring_shift(self->ring, j, src.ptr, dst.ptr, src.nbytes, timeout, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  hb_buf_release(&src), hb_buf_release(&dst);
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL;
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  Py_RETURN_NONE;
+}
+
 static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (!bridge_usable(self)) return NULL;
@@ -222,6 +255,8 @@ static PyMethodDef bridge_methods[] = {
      "reduce_scatter(buf, op, timeout=0): in place, this member's segment of buf reduced over the ring"},
     {"allgather", (PyCFunction)(void (*)(void))bridge_allgather, METH_VARARGS | METH_KEYWORDS,
      "allgather(buf, timeout=0): buf's blocks, one per member, filled in place"},
+    {"shift", (PyCFunction)(void (*)(void))bridge_shift, METH_VARARGS | METH_KEYWORDS,
+     "shift(j, src, dst, timeout=0): src to member me + j, member me - j's into dst"},
     {"slot_bytes", (PyCFunction)bridge_slot_bytes, METH_NOARGS, "the bytes one ring transfer carries at most"},
     {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
     {NULL, NULL, 0, NULL}};

@@ -47,6 +47,9 @@ struct coll__net_ring {
   int *reach;         /* net peer of each member (-1: none yet), for the small allgather */
   uint32_t hops;      /* small allgathers so far */
   uint32_t hop_seen[HOP_SEEN];
+  uint32_t ready_seen[RING_SEEN]; /* "ready from transfer t on", from a new right neighbour */
+  int cur_left, cur_right;  /* the neighbours of the last run (a shift has others) */
+  uint32_t fresh;           /* the first transfer since they changed: no credit before it */
   size_t hop_area;    /* the pool's bytes before the scratch: the small allgather's two areas */
 };
 
@@ -71,6 +74,8 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
   r->chunk = ((pool - RING_SCRATCH - r->hop_area) / 4) & ~(size_t)63;
   for (int m = 0; m < n; m++) r->reach[m] = -1;
   memset(r->hop_seen, 0xff, sizeof r->hop_seen);
+  memset(r->ready_seen, 0xff, sizeof r->ready_seen);
+  r->cur_left = left, r->cur_right = right;
   r->direct = coll__net_any_source(net);
   memset(r->data_seen, 0xff, sizeof r->data_seen);
   memset(r->credit_seen, 0xff, sizeof r->credit_seen);
@@ -101,21 +106,24 @@ static double ring_now(void) {
 
 static void ring_keep(coll__net_ring_t *r, uint32_t note) {
   uint32_t num = note & RING_NUM;
-  if (note & RING_HOP) r->hop_seen[num % HOP_SEEN] = num;
+  if ((note & RING_HOP) && (note & RING_CREDIT)) r->ready_seen[num % RING_SEEN] = num;
+  else if (note & RING_HOP) r->hop_seen[num % HOP_SEEN] = num;
   else ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
 }
 
 /* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
  * completion of my write from send slot t % 2. */
-enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF };
+enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF };
 static const char *const ring_waits_for[] = {"data from the previous node's rank",
                                              "credit from the next node's rank",
                                              "my write to the next node's rank to complete",
-                                             "blocks from another node's rank"};
+                                             "blocks from another node's rank",
+                                             "another node's rank to be ready"};
 
 static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
   if (what == RING_HOP_OF) return r->hop_seen[t % HOP_SEEN] == t;
+  if (what == RING_READY_OF) return r->ready_seen[t % RING_SEEN] == t;
   return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
 }
 
@@ -159,7 +167,8 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
                      char *err, size_t errlen) {
   uint8_t *pool = coll__net_pool(r->net);
   int rc;
-  if (t >= 2 && (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & RING_NUM, timeout_s, err, errlen)) != 0)
+  if (t >= 2 && ((t - r->fresh) & RING_NUM) >= 2 &&
+      (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & RING_NUM, timeout_s, err, errlen)) != 0)
     return rc;
   if ((rc = ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
   r->staged[t & 1]++;
@@ -188,6 +197,20 @@ static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, col
   }
   return coll__net_write(r->net, r->left, ring_scratch_off(r), ring_scratch_off(r), 1, t | RING_CREDIT,
                          NULL, err, errlen);
+}
+
+/* Before transfer t0 with neighbours other than the last run's: a credit says that the slot's
+ * last reader took what was there, but that reader was the old right neighbour, not the new
+ * one. So each member tells its new left that its slots are free from t0 on (all it received
+ * before is taken), and waits for the same word from its new right before writing to it. */
+static int ring_neighbours(coll__net_ring_t *r, uint32_t t0, double timeout_s, char *err, size_t errlen) {
+  if (r->left == r->cur_left && r->right == r->cur_right) return 0;
+  int rc = coll__net_write(r->net, r->left, ring_scratch_off(r), ring_scratch_off(r), 1,
+                           t0 | RING_HOP | RING_CREDIT, NULL, err, errlen);
+  if (rc == 0) rc = ring_wait(r, RING_READY_OF, t0, timeout_s, err, errlen);
+  if (rc) return rc;
+  r->cur_left = r->left, r->cur_right = r->right, r->fresh = t0;
+  return 0;
 }
 
 /* The i-th transfer of a run that starts at phase `first` (0: reduce-scatter, 1: allgather)
@@ -223,7 +246,8 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   uint32_t t0 = r->next;
   r->next = (uint32_t)(t0 + T) & RING_NUM;
   ring_step_t st = ring_plan(r, buf, count, es, K, first, shift, 0);
-  int rc = ring_post(r, t0 & RING_NUM, &st, timeout_s, err, errlen);
+  int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
+  if (rc == 0) rc = ring_post(r, t0 & RING_NUM, &st, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i < T; i++) {
     uint32_t t = (uint32_t)(t0 + i) & RING_NUM, u = (t + 1) & RING_NUM;
     ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, shift, i + 1) : st;
@@ -251,6 +275,41 @@ int coll__net_ring_reduce_scatter(coll__net_ring_t *r, coll_dtype_t dtype, coll_
   if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
   if (r->n == 1 || count == 0) return 0;
   return ring_run(r, dtype, op, buf, count, 0, 1, (size_t)r->n - 1, timeout_s, err, errlen);
+}
+
+int coll__net_ring_shift(coll__net_ring_t *r, int j, const void *src, void *dst, size_t bytes, double timeout_s,
+                         char *err, size_t errlen) {
+  int n = r->n, to = ((r->me + j) % n + n) % n, from = ((r->me - j) % n + n) % n;
+  if ((bytes && (src == NULL || dst == NULL)) || (to != r->me && (r->reach[to] < 0 || r->reach[from] < 0)))
+    return COLL_EBADARG;
+  if (to == r->me || bytes == 0) {
+    if (bytes) memmove(dst, src, bytes);
+    return 0;
+  }
+  /* the ring's transfers with other neighbours: the numbers and slots go on as they were, and
+   * ring_neighbours makes sure the new right's slots are free */
+  int left = r->left, right = r->right, rc = 0;
+  r->left = r->reach[from], r->right = r->reach[to];
+  size_t K = (bytes + r->chunk - 1) / r->chunk;
+  uint32_t t0 = r->next;
+  r->next = (uint32_t)(t0 + K) & RING_NUM;
+  coll__net_set_timeout(r->net, timeout_s);
+  rc = ring_neighbours(r, t0, timeout_s, err, errlen);
+  for (size_t i = 0; rc == 0 && i <= K; i++) { /* post transfer i, then take transfer i - 1 */
+    if (i < K) {
+      size_t len = bytes - i * r->chunk < r->chunk ? bytes - i * r->chunk : r->chunk;
+      ring_step_t st = {(const uint8_t *)src + i * r->chunk, NULL, len, 0, 0};
+      rc = ring_post(r, (uint32_t)(t0 + i) & RING_NUM, &st, timeout_s, err, errlen);
+    }
+    if (rc == 0 && i > 0) {
+      size_t len = bytes - (i - 1) * r->chunk < r->chunk ? bytes - (i - 1) * r->chunk : r->chunk;
+      ring_step_t st = {NULL, (uint8_t *)dst + (i - 1) * r->chunk, 0, len, 0};
+      rc = ring_take(r, (uint32_t)(t0 + i - 1) & RING_NUM, &st, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+    }
+  }
+  if (rc == 0) rc = coll__net_flush(r->net, err, errlen);
+  r->left = left, r->right = right;
+  return rc;
 }
 
 /* The small allgather (Bruck's dissemination): W, the call's area of my pool, holds at W[j] the

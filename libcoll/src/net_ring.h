@@ -49,6 +49,14 @@ int coll__net_ring_reduce_scatter(coll__net_ring_t *ring, coll_dtype_t dtype, co
  * writes to members other than the neighbours); COLL_EBADARG if member is out of range. */
 int coll__net_ring_reach(coll__net_ring_t *ring, int member, int peer);
 
+/* On every member at once, with the same j and bytes: my src[0..bytes) goes to member me + j,
+ * and member me - j's lands in my dst (src and dst apart), in chunks with the ring's credits.
+ * Members other than the neighbours must have been reached (coll__net_ring_reach): else
+ * COLL_EBADARG. The pairwise step of an alltoall (j = 1 .. n-1). Returns as
+ * coll__net_ring_allreduce. */
+int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *dst, size_t bytes, double timeout_s,
+                         char *err, size_t errlen);
+
 /* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
  * block m; afterwards every member has all n. Where every member was reached, n > 2 and the
  * n blocks fit half of a 16th of the pool (128 KiB of 4 MiB), in ceil(log2 n) steps (Bruck's dissemination), else around the ring. Returns as coll__net_ring_allreduce. */

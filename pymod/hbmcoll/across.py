@@ -18,9 +18,10 @@ bcast is a reduce of the bytes, zeros from every node but the root's (a byte sum
 exact): a ring moves what a scatter and an allgather would. allgather is a local allgather then
 a gather of the node blocks (padded to the largest node); gather keeps root's copy (the root's
 link carries the same bytes either way); scatter is a bcast of root's blocks, each rank keeping
-its own; alltoall is a local alltoall for the node's own ranks and a gather of the node blocks
-holding each node's blocks for the other nodes. So scatter and (beyond two nodes) alltoall move
-more than they need to: correct first; their own paths need a pairwise primitive on the bridge.
+its own; alltoall is a local alltoall for the node's own ranks, and where every node has one
+rank per ring, shifts between the nodes (the bridge's pairwise step: each block crosses once)
+then a local alltoall; elsewhere a gather of the node blocks holding each node's blocks for the
+other nodes. So scatter moves more than it needs to, and alltoall does on unequal nodes.
 
 Every call starts with one exchange of blocks of a fixed size (_meet): each rank's descriptor
 (collective, dtype, count, op, root) and up to SMALL bytes of data, gathered in the node and then
@@ -502,6 +503,8 @@ class NodesCommunicator:
             dst[here] = src[here]
         if self.nodes == 1 or b == 0:
             return
+        if self._even:
+            return self._alltoall_shifts(src, dst, b)
         elsewhere = [r for r in range(P) if r not in set(here)]
         mine = np.ascontiguousarray(src[elsewhere]).reshape(-1)
         part = mine.reshape(1, -1) if L == 1 else self._local.allgather(mine)
@@ -514,6 +517,20 @@ class NodesCommunicator:
                 away = [r for r in range(P) if r not in set(ranks)]  # node k's part, by rank
                 rows = every[k, :len(ranks) * len(away) * b].reshape(len(ranks), len(away), b)
                 dst[list(ranks)] = rows[:, away.index(self.rank)]
+
+    def _alltoall_shifts(self, src, dst, b):
+        """Where every node has one rank per ring (L ranks): in step j, each rank sends its blocks
+        for node + j's ranks to its ring's member there and gets node - j's (the bridge's shift),
+        so every block crosses the network once; a local alltoall then hands each to its rank."""
+        lay, L, N, node = self._layout, self.local_size, self.nodes, self.node
+        got = np.empty((N - 1, L, b), np.uint8)  # [j - 1, l]: from my peer on node - j, for local rank l
+        for j in range(1, N):
+            self._bridge.shift(j, np.ascontiguousarray(src[list(lay.nodes[(node + j) % N])]), got[j - 1], self._timeout)
+        mine = got.transpose(1, 0, 2)            # [l, j - 1]: what local rank l gets from me
+        if L > 1:
+            mine = self._local.alltoall(np.ascontiguousarray(mine))  # [l, j - 1]: from local rank l's peer
+        for j in range(1, N):
+            dst[list(lay.nodes[(node - j) % N])] = mine[:, j - 1]
 
     def empty(self, shape, dtype="float32"):
         return self._local.empty(shape, dtype)

@@ -11,6 +11,7 @@
  *  - several collectives in a row on one ring (transfer numbers carry on);
  *  - allgather of blocks from 0 bytes to 3 MiB after the allreduces, each block checked;
  *  - reduce-scatter alone, each member's own segment checked;
+ *  - shifts by every distance, each followed by an allreduce around the ring;
  *  - with 1% of the frames dropped, the same.
  * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
  */
@@ -183,6 +184,37 @@ static int reduce_scatter_cases(int me, int n, coll__net_ring_t *ring) {
   return bad;
 }
 
+/* Shifts by every distance (the pairwise steps of an alltoall), sizes up to several chunks,
+ * then an allreduce around the ring again: member me - j's bytes must arrive whole, and the
+ * neighbours' change each way must not let a write into a slot not yet read. */
+static int shift_cases(int me, int n, coll__net_ring_t *ring) {
+  size_t sizes[] = {1, 1000, (3u << 20) + 3};
+  char err[256] = "";
+  int bad = 0;
+  for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+    for (int j = 1; j < n; j++) {
+      size_t len = sizes[z];
+      int from = (me + n - j) % n;
+      uint8_t *src = malloc(len), *dst = malloc(len);
+      for (size_t i = 0; i < len; i++) src[i] = (uint8_t)(i * 5 + (size_t)me * 37 + (size_t)j);
+      int rc = coll__net_ring_shift(ring, j, src, dst, len, 60, err, sizeof err);
+      if (rc) fprintf(stderr, "member %d: shift %d of %zu: %d %s\n", me, j, len, rc, err), bad++;
+      for (size_t i = 0; rc == 0 && i < len; i++)
+        if (dst[i] != (uint8_t)(i * 5 + (size_t)from * 37 + (size_t)j)) {
+          fprintf(stderr, "member %d: shift %d of %zu: byte %zu wrong\n", me, j, len, i);
+          bad++;
+          break;
+        }
+      free(src), free(dst);
+      int32_t x[1000];
+      for (int i = 0; i < 1000; i++) x[i] = me + i;
+      rc = coll__net_ring_allreduce(ring, COLL_INT32, COLL_SUM, x, 1000, 60, err, sizeof err);
+      if (rc || x[999] != n * 999 + n * (n - 1) / 2)
+        fprintf(stderr, "member %d: allreduce after shift %d: %d %s\n", me, j, rc, err), bad++;
+    }
+  return bad;
+}
+
 static int member(int me, int n, int fd, const netns_t *ns) {
   char err[256] = "";
   coll__net_t *net = NULL;
@@ -222,6 +254,7 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   }
   bad += allgather_cases(me, n, ring);
   bad += reduce_scatter_cases(me, n, ring);
+  bad += shift_cases(me, n, ring);
   coll__net_ring_free(ring);
   char done = 'a'; /* my allgathers are over; the parent says when everyone's are */
   if (write(fd, &done, 1) != 1) return 16;

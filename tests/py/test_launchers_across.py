@@ -52,12 +52,14 @@ def _check(res, counts):
     assert out.count(" ok") == sum(counts), out
 
 
-def test_hbmcoll_run_two_nodes(emulated_nodes):
-    nodes = emulated_nodes(2)
-    procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29810", per_node=2)
-    res = netnodes.finish(procs, 240)
-    _check(res, (2, 2))
-    assert "2 nodes x 2 ranks, 2 ring(s)" in res[0][2]
+def test_hbmcoll_run_three_nodes_of_two(emulated_nodes):
+    # beyond two nodes with several ranks each: alltoall's shifts then its local alltoall, the
+    # small exchange in log2 steps, the pipelined allreduce
+    nodes = emulated_nodes(3)
+    procs = _hbmcoll_run(nodes, 3, "10.77.0.1:29810", per_node=2)
+    res = netnodes.finish(procs, 300)
+    _check(res, (2, 2, 2))
+    assert "3 nodes x 2 ranks, 2 ring(s)" in res[0][2]
 
 
 def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
