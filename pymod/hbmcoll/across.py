@@ -43,7 +43,7 @@ import zlib
 
 import numpy as np
 
-from . import _core, pipeline
+from . import _core, alltoall_nodes, pipeline
 from .comm import _empty_like, _is_numpy, _shape
 from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
 from .in_order import InOrder
@@ -483,54 +483,9 @@ class NodesCommunicator:
 
         def fn():
             self._agree("alltoall", buf, "-", -1)
-            self._alltoall(_raw(buf), _raw(out))
+            alltoall_nodes.alltoall(self, _raw(buf), _raw(out))
             return out
         return fn, out
-
-    def _alltoall(self, src, dst):
-        """src and dst: P blocks of bytes. The blocks for this node's ranks go by a local
-        alltoall; the blocks for every other node's ranks go in this node's block (its ranks'
-        parts, padded to the largest node's), which every node gathers, each rank taking its own."""
-        lay, P, L = self._layout, self.size, self.local_size
-        b = len(src) // P
-        src, dst = src.reshape(P, b), dst.reshape(P, b)
-        here = list(lay.nodes[self.node])
-        if L > 1:
-            got = np.empty((L, b), np.uint8)
-            self._local.alltoall(np.ascontiguousarray(src[here]), out=got)
-            dst[here] = got
-        else:
-            dst[here] = src[here]
-        if self.nodes == 1 or b == 0:
-            return
-        if self._even:
-            return self._alltoall_shifts(src, dst, b)
-        elsewhere = [r for r in range(P) if r not in set(here)]
-        mine = np.ascontiguousarray(src[elsewhere]).reshape(-1)
-        part = mine.reshape(1, -1) if L == 1 else self._local.allgather(mine)
-        width = max(len(n) * (P - len(n)) for n in lay.nodes) * b
-        block = np.zeros(width, np.uint8)
-        block[:part.size] = part.reshape(-1)
-        every = self._gather_across(block)
-        for k, ranks in enumerate(lay.nodes):
-            if k != self.node:
-                away = [r for r in range(P) if r not in set(ranks)]  # node k's part, by rank
-                rows = every[k, :len(ranks) * len(away) * b].reshape(len(ranks), len(away), b)
-                dst[list(ranks)] = rows[:, away.index(self.rank)]
-
-    def _alltoall_shifts(self, src, dst, b):
-        """Where every node has one rank per ring (L ranks): in step j, each rank sends its blocks
-        for node + j's ranks to its ring's member there and gets node - j's (the bridge's shift),
-        so every block crosses the network once; a local alltoall then hands each to its rank."""
-        lay, L, N, node = self._layout, self.local_size, self.nodes, self.node
-        got = np.empty((N - 1, L, b), np.uint8)  # [j - 1, l]: from my peer on node - j, for local rank l
-        for j in range(1, N):
-            self._bridge.shift(j, np.ascontiguousarray(src[list(lay.nodes[(node + j) % N])]), got[j - 1], self._timeout)
-        mine = got.transpose(1, 0, 2)            # [l, j - 1]: what local rank l gets from me
-        if L > 1:
-            mine = self._local.alltoall(np.ascontiguousarray(mine))  # [l, j - 1]: from local rank l's peer
-        for j in range(1, N):
-            dst[list(lay.nodes[(node - j) % N])] = mine[:, j - 1]
 
     def empty(self, shape, dtype="float32"):
         return self._local.empty(shape, dtype)
