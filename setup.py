@@ -111,5 +111,6 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},
-    entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.run:main"]},
+    entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.run:main",
+                                     "hbmcoll-memserver = hbmcoll.memserver:main"]},
 )

@@ -494,6 +494,7 @@ static PyMethodDef hb_functions[] = {
     {"numa_report", (PyCFunction)(void (*)(void))hb_numa_report, METH_VARARGS | METH_KEYWORDS,
      "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True, tree=False) -> str"},
     {"policy_words", hb_policy_words, METH_NOARGS, "policy_words() -> {'memory': (...), 'bind': (...)}"},
+    {"axpy", hb_axpy, METH_VARARGS, "axpy(y, x, alpha, dtype): y += alpha * x over raw bytes of dtype (a name), without the GIL"},
     {NULL, NULL, 0, NULL}};
 
 static int hb_exec(PyObject *m) {
@@ -506,11 +507,13 @@ static int hb_exec(PyObject *m) {
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
-  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType)
+  st->EndpointType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_endpoint_spec, NULL);
+  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType ||
+      !st->EndpointType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
-      PyModule_AddType(m, st->BridgeType) < 0)
+      PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->EndpointType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -530,6 +533,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->ArenaBufferType);
   Py_VISIT(st->PlacementType);
   Py_VISIT(st->BridgeType);
+  Py_VISIT(st->EndpointType);
   return 0;
 }
 
@@ -541,6 +545,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->ArenaBufferType);
   Py_CLEAR(st->PlacementType);
   Py_CLEAR(st->BridgeType);
+  Py_CLEAR(st->EndpointType);
   return 0;
 }
 

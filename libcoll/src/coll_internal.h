@@ -148,6 +148,8 @@ struct coll_comm {
 /* ---- param.c ---- */
 /* 0, or COLL_EBADARG with a sentence in err naming the malformed variable */
 int coll__params_load(coll__params_t *params, char *err, size_t errlen);
+/* y += alpha * x over count elements (reduce.c): the memory servers' accumulate. */
+int coll__axpy(coll_dtype_t dtype, void *y, const void *x, double alpha, size_t count);
 int coll__algo_id(coll_kind_t kind, const char *name); /* >0, or COLL_EBADARG */
 
 /* ---- shm.c ---- */

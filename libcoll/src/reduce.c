@@ -471,3 +471,43 @@ int coll_reduce_local(coll_dtype_t dtype, coll_op_t op, void *out, const void *c
   kernel(op, out, inputs, ninputs, count, divisor);
   return 0;
 }
+
+/* ---- accumulate: y += alpha * x (the memory servers') ------------------------- */
+
+#define AXPY_LOOP(T, LOAD, STORE)                                                    \
+  do {                                                                               \
+    T *restrict yy = y;                                                              \
+    const T *restrict xx = x;                                                        \
+    for (size_t i = 0; i < count; i++) yy[i] = STORE(LOAD(yy[i]) + a * LOAD(xx[i])); \
+  } while (0)
+#define AXPY_SAME(v) (v)
+
+/* y[0..count) += alpha * x[0..count), in float32 for the 16-bit floats (as the reduce kernels)
+ * and in float64 for float64 and int32 (exact for integer alpha); y and x apart. COLL_EBADARG
+ * for other dtypes, or int32 with a fractional alpha. */
+int coll__axpy(coll_dtype_t dtype, void *y, const void *x, double alpha, size_t count)
+{
+  if (count && (y == NULL || x == NULL))
+    return COLL_EBADARG;
+  if (dtype == COLL_FLOAT32) {
+    float a = (float)alpha;
+    AXPY_LOOP(float, AXPY_SAME, AXPY_SAME);
+  } else if (dtype == COLL_FLOAT64) {
+    double a = alpha;
+    AXPY_LOOP(double, AXPY_SAME, AXPY_SAME);
+  } else if (dtype == COLL_BFLOAT16) {
+    float a = (float)alpha;
+    AXPY_LOOP(uint16_t, reduce_bf16_to_f32, reduce_f32_to_bf16);
+  } else if (dtype == COLL_FLOAT16) {
+    float a = (float)alpha;
+    AXPY_LOOP(uint16_t, reduce_f16_to_f32, reduce_f32_to_f16);
+  } else if (dtype == COLL_INT32 && alpha == (double)(int64_t)alpha) {
+    int64_t a = (int64_t)alpha;
+    int32_t *restrict yy = y;
+    const int32_t *restrict xx = x;
+    for (size_t i = 0; i < count; i++) yy[i] = (int32_t)(uint32_t)((uint64_t)yy[i] + (uint64_t)(a * xx[i])); /* wraps */
+  } else {
+    return COLL_EBADARG;
+  }
+  return 0;
+}

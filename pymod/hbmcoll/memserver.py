@@ -1,0 +1,333 @@
+"""hbmcoll-memserver: a memory server for remote shared buffers (Soft Memory Box's design).
+
+    hbmcoll-memserver --listen ADDR:PORT --token-file FILE [--capacity SIZE] [--memory auto|ddr]
+    python -m hbmcoll.memserver ...
+
+The server registers one pool with the NIC (a bridge endpoint, libfabric) and serves named
+buffers out of it to clients (hbmcoll.RemoteBuffer) that present the job's token.
+
+Control, over TCP (one connection per client, length-prefixed JSON): the server's nonce; the
+client's proof (HMAC-SHA256 of the nonce under the token) and endpoint card; the server's card
+and the client's two slots in the server's pool (requests in, replies out). Then `open` (the
+first open of a name creates the buffer; a later one with another shape or dtype is refused),
+`lock` / `unlock` (a lock is held for a lease: a holder that dies or overruns it loses it).
+
+Data, one-sided: a client writes a request (a 64-byte head, then its bytes) into its request
+slot with a note naming it; the server applies it (write: copy; accumulate: y += alpha * x, in
+C without the GIL; read: copy out the buffer's bytes behind its version) and answers by writing
+into the client's pool with a note carrying the request's number and status. The server alone
+touches the buffers, one request at a time, and a request cut in chunks holds its buffer from
+its first chunk to its last (others wait), so no read sees a torn mix of two writes. Every
+request is checked against its buffer's bounds.
+"""
+import argparse
+import collections
+import hmac
+import json
+import secrets
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+
+from .memproto import (ACCUMULATE, ALIGN, DTYPES, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
+                       REFUSED, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
+
+class Buffer:
+    def __init__(self, bid, name, shape, dtype, base, nbytes):
+        self.id, self.name, self.shape, self.dtype = bid, name, shape, dtype
+        self.base, self.nbytes = base, nbytes
+        self.version = 0
+        self.holder = None                    # the client whose chunked request holds it
+        self.parked = collections.deque()     # (client, head) waiting for the holder
+        self.lock_holder, self.lease_until = None, 0.0
+        self.lock_waiters = collections.deque()  # (client, lease)
+
+
+class Client:
+    def __init__(self, index, sock, peer, slot):
+        self.index, self.sock, self.peer, self.slot = index, sock, peer, slot
+        self.reply = slot + SLOT_BYTES        # the reply slot, in the server's pool
+        self.reply_to = 0                     # where replies land in the client's pool
+        self.inbox = b""
+
+
+class Server:
+    def __init__(self, host, port, token, capacity, iface=None, max_clients=64):
+        from . import _core
+        from .layout import iface_to
+        self.token, self.capacity = token, capacity
+        self.iface = iface or iface_to(host)
+        self.ep = _core.Endpoint(self.iface, capacity + max_clients * 2 * SLOT_BYTES)
+        self.pool = np.frombuffer(self.ep.pool(), np.uint8)
+        self.axpy = _core.axpy
+        self.free_slots = list(range(max_clients))[::-1]
+        self.clients, self.buffers, self.by_name = {}, {}, {}
+        self.used = 0
+        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.listener.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.stopping = False
+
+    def describe(self):
+        return (f"hbmcoll-memserver: {self.capacity} bytes for buffers at {self.listener.getsockname()[0]}:"
+                f"{self.listener.getsockname()[1]}, in DDR (HBM placement of the pool is not built yet), "
+                f"bridge: {self.ep.describe()}")
+
+    # -- control --------------------------------------------------------------------------------
+    def _accept(self):
+        sock, _ = self.listener.accept()
+        sock.settimeout(10)
+        try:
+            nonce = secrets.token_bytes(16)
+            send_msg(sock, {"nonce": nonce.hex()})
+            hello = recv_msg(sock)
+            if not hello or not hmac.compare_digest(str(hello.get("proof", "")), proof(self.token, nonce)):
+                send_msg(sock, {"error": "refused: the token does not match the server's"})
+                sock.close()
+                return
+            if not self.free_slots:
+                send_msg(sock, {"error": f"the server serves at most {len(self.clients)} clients"})
+                sock.close()
+                return
+            index = self.free_slots.pop()
+            client = Client(index, sock, self.ep.add_peer(bytes.fromhex(hello["card"])),
+                            self.capacity + index * 2 * SLOT_BYTES)
+            client.reply_to = int(hello["reply_to"])
+            send_msg(sock, {"card": self.ep.card().hex(), "slot": client.slot, "slot_bytes": SLOT_BYTES,
+                            "client": index})
+        except (OSError, ValueError, KeyError, TypeError):
+            sock.close()
+            return
+        sock.setblocking(False)
+        self.clients[index] = client
+        self.sel.register(sock, selectors.EVENT_READ, client)
+
+    def _control(self, client):
+        try:
+            data = client.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self._drop(client)
+        client.inbox += data
+        while len(client.inbox) >= 4:
+            n = struct.unpack_from("<I", client.inbox)[0]
+            if len(client.inbox) < 4 + n:
+                break
+            msg, client.inbox = json.loads(client.inbox[4:4 + n]), client.inbox[4 + n:]
+            answer = self._request(client, msg)
+            if answer is not None:
+                self._answer(client, answer)
+
+    def _answer(self, client, obj):
+        try:
+            client.sock.setblocking(True)
+            send_msg(client.sock, obj)
+            client.sock.setblocking(False)
+        except OSError:
+            self._drop(client)
+
+    def _request(self, client, msg):
+        op = msg.get("op")
+        if op == "open":
+            return self._open(msg)
+        buf = self.buffers.get(msg.get("id"))
+        if buf is None:
+            return {"error": "no such buffer"}
+        if op == "lock":
+            buf.lock_waiters.append((client, float(msg.get("lease") or LEASE_S)))
+            self._grant(buf)
+            return None  # answered when granted
+        if op == "cancel":  # a lock wait the client gave up: not granted, or given back
+            buf.lock_waiters = collections.deque((c, t) for c, t in buf.lock_waiters if c is not client)
+            if buf.lock_holder is client:
+                buf.lock_holder = None
+                self._grant(buf)
+            return {"cancelled": True}
+        if op == "unlock":
+            if buf.lock_holder is not client:
+                return {"error": "unlock of a lock this client does not hold (its lease may have run out)"}
+            buf.lock_holder = None
+            self._grant(buf)
+            return {"ok": True}
+        return {"error": f"unknown request {op!r}"}
+
+    def _open(self, msg):
+        name, shape, dtype = str(msg.get("name")), [int(d) for d in msg.get("shape", [])], msg.get("dtype")
+        whole = [int(d) for d in msg.get("whole", shape)]
+        if dtype not in DTYPES:
+            return {"error": f"dtype {dtype!r}: one of {', '.join(DTYPES)}"}
+        buf = self.by_name.get(name)
+        if buf is not None:
+            if buf.shape != shape or buf.dtype != dtype or buf.whole != whole:
+                return {"error": "mismatch", "text": f"it exists with shape {tuple(buf.whole)} and dtype "
+                                                     f"{buf.dtype}, not {tuple(whole)} and {dtype}"}
+        else:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(np.uint16 if dtype == "bfloat16" else dtype).itemsize
+            base = -(-self.used // ALIGN) * ALIGN
+            if base + nbytes > self.capacity:
+                return {"error": "capacity", "text": f"buffer {name!r} needs {nbytes} bytes; the server has "
+                                                     f"{self.capacity - base} of {self.capacity} left"}
+            self.used = base + nbytes
+            buf = Buffer(len(self.buffers) + 1, name, shape, dtype, base, nbytes)
+            buf.whole = whole
+            self.buffers[buf.id], self.by_name[name] = buf, buf
+        return {"id": buf.id, "nbytes": buf.nbytes, "version": buf.version}
+
+    def _grant(self, buf):
+        if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
+            buf.lock_holder = None  # the lease ran out
+        while buf.lock_holder is None and buf.lock_waiters:
+            client, lease = buf.lock_waiters.popleft()
+            if client.index in self.clients and self.clients[client.index] is client:
+                buf.lock_holder, buf.lease_until = client, time.monotonic() + lease
+                self._answer(client, {"ok": True, "lease": lease})
+
+    def _drop(self, client):
+        """A client gone: its slots, holds, parked requests and locks go with it."""
+        if self.clients.get(client.index) is not client:
+            return
+        del self.clients[client.index]
+        self.sel.unregister(client.sock)
+        client.sock.close()
+        self.free_slots.append(client.index)
+        for buf in self.buffers.values():
+            buf.parked = collections.deque((c, h) for c, h in buf.parked if c is not client)
+            buf.lock_waiters = collections.deque((c, s) for c, s in buf.lock_waiters if c is not client)
+            if buf.lock_holder is client:
+                buf.lock_holder = None
+                self._grant(buf)
+            if buf.holder is client:
+                buf.holder = None
+                self._unpark(buf)
+
+    # -- data --------------------------------------------------------------------------------
+    def _note(self, note):
+        client = self.clients.get(note & 0xFFFF)
+        if client is not None:
+            self._apply(client, HEAD.unpack_from(self.pool, client.slot))
+
+    def _apply(self, client, head):
+        magic, opf, bid, off, length, alpha, number = head
+        buf, op = self.buffers.get(bid), opf & 0xFF
+        data = client.slot + HEAD_BYTES
+        if (magic != MAGIC or buf is None or op not in (WRITE, ACCUMULATE, READ) or off + length > buf.nbytes
+                or length > SLOT_BYTES - HEAD_BYTES or (op == READ and length + 8 > SLOT_BYTES)):
+            return self._refuse(client, buf, number)
+        if buf.holder is not None and buf.holder is not client:
+            buf.parked.append((client, head))  # after the holder's last chunk
+            return
+        if op == READ:
+            self.pool[client.reply:client.reply + 8] = np.frombuffer(struct.pack("<Q", buf.version), np.uint8)
+            self.pool[client.reply + 8:client.reply + 8 + length] = self.pool[buf.base + off:buf.base + off + length]
+        elif op == WRITE:
+            self.pool[buf.base + off:buf.base + off + length] = self.pool[data:data + length]
+        else:
+            try:
+                self.axpy(self.pool[buf.base + off:buf.base + off + length], self.pool[data:data + length], alpha,
+                          buf.dtype)
+            except Exception:  # an element count that does not divide, a fractional alpha on int32
+                return self._refuse(client, buf, number)
+        buf.holder = None if opf & LAST else client
+        if opf & LAST and op != READ:
+            buf.version += 1
+        if op != READ:
+            self.pool[client.reply:client.reply + 8] = np.frombuffer(struct.pack("<Q", buf.version), np.uint8)
+        self._reply(client, number, OK, 8 + (length if op == READ else 0))
+        if buf.holder is None:
+            self._unpark(buf)
+
+    def _refuse(self, client, buf, number):
+        if buf is not None and buf.holder is client:  # a chunked request ends here
+            buf.holder = None
+            self._unpark(buf)
+        self._reply(client, number, REFUSED, 8)
+
+    def _reply(self, client, number, status, nbytes):
+        try:
+            self.ep.write(client.peer, client.reply, client.reply_to, nbytes, (status << 28) | (number & NUMBER))
+        except Exception:  # the client's endpoint is gone: its control connection ends it
+            pass
+
+    def _unpark(self, buf):
+        while buf.holder is None and buf.parked:
+            client, head = buf.parked.popleft()
+            self._apply(client, head)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def serve(self):
+        idle = 0
+        while not self.stopping:
+            for key, _ in self.sel.select(timeout=0):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._control(key.data)
+            note = self.ep.poll(0.002 if idle < 200 else 0)
+            if note is not None:
+                self._note(note)
+                idle = 0
+                continue
+            idle += 1
+            if idle >= 200:  # nothing for a while: sleep between looks instead of spinning a core
+                time.sleep(0.0005)
+            for buf in self.buffers.values():
+                if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
+                    self._grant(buf)
+
+    def close(self):
+        for client in list(self.clients.values()):
+            self._drop(client)
+        self.sel.close()
+        self.listener.close()
+        try:
+            self.ep.flush(1.0)
+        except Exception:
+            pass
+        self.ep.close()
+
+
+def parse_size(text):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, IndexError):
+        raise SystemExit(f"hbmcoll-memserver: --capacity {text!r}: a size such as 1G, 512M or 1048576") from None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="hbmcoll-memserver", description=__doc__.splitlines()[0])
+    ap.add_argument("--listen", required=True, help="ADDR:PORT to serve at")
+    ap.add_argument("--token-file", required=True, help="a file holding the job's token")
+    ap.add_argument("--capacity", default="1G", help="bytes for buffers (default 1G)")
+    ap.add_argument("--memory", default="auto", choices=("auto", "ddr", "hbm"))
+    ap.add_argument("--iface", help="the bridge's interface (default: the one holding the listen address)")
+    a = ap.parse_args(argv)
+    host, _, port = a.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT")
+    if a.memory == "hbm":
+        raise SystemExit("hbmcoll-memserver: --memory hbm: placing the pool in HBM is not built yet; use auto or ddr")
+    server = Server(host, int(port), read_token(a.token_file), parse_size(a.capacity), a.iface)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stopping", True))
+    print(server.describe(), file=sys.stderr, flush=True)
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""hbmcoll.RemoteBuffer: a named buffer on memory servers (hbmcoll-memserver, memserver.py).
+
+    rb = hbmcoll.RemoteBuffer("weights", (1024, 1024), "float32")   # servers, token: from the env
+    rb.write(a); rb.accumulate(g, alpha=-0.01); a = rb.read(); rb.version
+    with rb.lock(timeout=5): ...
+    req = rb.iaccumulate(g); ...; req.wait()
+
+The buffer is striped over the servers given (part k of its elements on server k), for bandwidth
+and capacity. Each process keeps one connection per server: a TCP control connection, which
+proves the token, and a bridge endpoint (libfabric) whose pool stages the requests and takes the
+replies. NumPy arrays, torch CPU tensors and hbmcoll.empty arrays go in as they are; their
+bytes are copied once into the pool (the endpoint's registered memory).
+
+A read of one server's part never mixes two writes (the server applies a request whole, chunks
+and all, before the next); parts on different servers are read one after the other.
+"""
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from . import memproto as ms
+from .comm import _is_numpy
+from .errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
+from .in_order import InOrder
+
+_connections = {}
+_connections_lock = threading.Lock()
+
+
+def _servers(servers):
+    text = servers if servers is not None else os.environ.get("HBMCOLL_MEMSERVERS", "")
+    found = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
+    if not found:
+        raise ArgumentError("RemoteBuffer: no memory servers: pass servers= or set HBMCOLL_MEMSERVERS=host:port,...")
+    for s in found:
+        host, _, port = s.rpartition(":")
+        if not host or not port.isdigit():
+            raise ArgumentError(f"memory server {s!r}: give host:port")
+    return found
+
+
+def _token(token):
+    if token is None:
+        token = os.environ.get("HBMCOLL_TOKEN")
+    if token is None and os.environ.get("HBMCOLL_TOKEN_FILE"):
+        try:
+            token = ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])
+        except (OSError, SystemExit) as exc:
+            raise PermissionError(f"HBMCOLL_TOKEN_FILE: {exc}") from None
+    if not token:
+        raise PermissionError("RemoteBuffer: no token: pass token= or set HBMCOLL_TOKEN or HBMCOLL_TOKEN_FILE")
+    return token
+
+
+class _Connection:
+    """This process's connection to one memory server."""
+
+    def __init__(self, addr, token, timeout):
+        from . import _core
+        from .layout import iface_to
+        host, _, port = addr.rpartition(":")
+        self.addr, self.timeout = addr, timeout
+        try:
+            self.sock = socket.create_connection((host, int(port)), timeout=timeout or 30)
+        except OSError as exc:
+            raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
+        hello = self._recv()
+        self.ep = _core.Endpoint(iface_to(host), 2 * ms.SLOT_BYTES)
+        ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "card": self.ep.card().hex(),
+                                "reply_to": ms.SLOT_BYTES})
+        answer = self._recv()
+        if "error" in answer:
+            self.close()
+            if answer["error"].startswith("refused"):
+                raise PermissionError(f"memory server {addr}: {answer['error']}")
+            raise Error(f"memory server {addr}: {answer['error']}")
+        self.peer = self.ep.add_peer(bytes.fromhex(answer["card"]))
+        self.slot, self.index = answer["slot"], answer["client"]
+        self.ep.watch(self.sock.fileno(), f"the memory server at {addr}")
+        self.pool = np.frombuffer(self.ep.pool(), np.uint8)
+        self.number = 0
+        self.lock = threading.Lock()      # the data path: one request at a time
+        self.ctl_lock = threading.Lock()  # the control connection: one exchange at a time
+
+    def _recv(self):
+        try:
+            msg = ms.recv_msg(self.sock)
+        except socket.timeout:
+            raise TimeoutError(f"the memory server at {self.addr} did not answer in {self.sock.gettimeout()} s") from None
+        except OSError as exc:
+            msg, _ = None, exc
+        if msg is None:
+            raise PeerLostError(f"the connection to the memory server at {self.addr} closed: the server is gone")
+        return msg
+
+    def control(self, msg, timeout=None, until_key=None):
+        """Send msg; the answer (the first that has until_key, when given: the others are dropped)."""
+        with self.ctl_lock:
+            try:
+                ms.send_msg(self.sock, msg)
+            except OSError:
+                raise PeerLostError(f"the connection to the memory server at {self.addr} closed") from None
+            self.sock.settimeout(timeout if timeout is not None else (self.timeout or None))
+            try:
+                got = self._recv()
+                while until_key is not None and until_key not in got:
+                    got = self._recv()
+                return got
+            finally:
+                self.sock.settimeout(self.timeout or None)
+
+    def request(self, op, bid, off, length, src=None, alpha=0.0, flags=ms.FIRST | ms.LAST, dst=None):
+        """One request of at most a slot; its reply's version. src: bytes to send; dst: where a read's land."""
+        with self.lock:
+            self.number = (self.number + 1) & ms.NUMBER
+            ms.HEAD.pack_into(self.pool, 0, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
+            if src is not None:
+                self.pool[ms.HEAD_BYTES:ms.HEAD_BYTES + length] = src
+            self.ep.write(self.peer, 0, self.slot, ms.HEAD_BYTES + (length if src is not None else 0), self.index)
+            until = time.monotonic() + self.timeout if self.timeout else None
+            while True:
+                note = self.ep.poll(0.05)
+                if note is not None and note & ms.NUMBER == self.number:
+                    break
+                if until is not None and time.monotonic() > until:
+                    raise TimeoutError(f"the memory server at {self.addr} did not answer in {self.timeout} s")
+            if note >> 28 == ms.REFUSED:
+                raise ArgumentError(f"the memory server at {self.addr} refused the request (outside the buffer, "
+                                    "or an accumulate its dtype cannot take)")
+            if dst is not None:
+                dst[:] = self.pool[ms.SLOT_BYTES + 8:ms.SLOT_BYTES + 8 + length]
+            return struct.unpack_from("<Q", self.pool, ms.SLOT_BYTES)[0]
+
+    def close(self):
+        try:
+            self.sock.close()
+        finally:
+            self.ep.close()
+
+
+def _connection(addr, token, timeout):
+    with _connections_lock:
+        conn = _connections.get((addr, token))
+        if conn is None:
+            conn = _connections[addr, token] = _Connection(addr, token, timeout)
+        return conn
+
+
+def _dtype_name(dtype):
+    name = str(dtype).replace("torch.", "")
+    if name not in ms.DTYPES:
+        raise ArgumentError(f"RemoteBuffer dtype {dtype!r}: one of {', '.join(ms.DTYPES)}")
+    return name
+
+
+def _raw(x):
+    if _is_numpy(x):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    return x.detach().contiguous().reshape(-1).view(__import__("torch").uint8).numpy()
+
+
+class RemoteBuffer:
+    """A buffer of shape and dtype named `name` on the memory servers; see the module's text."""
+
+    def __init__(self, name, shape, dtype="float32", servers=None, token=None, timeout=None):
+        self.name, self.shape = name, tuple(int(d) for d in (shape if hasattr(shape, "__len__") else (shape,)))
+        self.dtype = _dtype_name(dtype)
+        self.itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        addrs, token = _servers(servers), _token(token)
+        n, S = self.nbytes // self.itemsize, len(addrs)
+        bounds = [(k * n // S * self.itemsize, (k + 1) * n // S * self.itemsize) for k in range(S)]
+        self._parts = []  # (connection, buffer id, first byte, last byte)
+        for k, (addr, (lo, hi)) in enumerate(zip(addrs, bounds)):
+            conn = _connection(addr, token, timeout)
+            got = conn.control({"op": "open", "name": f"{name}#{k}/{S}", "shape": [(hi - lo) // self.itemsize],
+                                "whole": list(self.shape), "dtype": self.dtype})
+            if got.get("error") == "mismatch":
+                raise MismatchError(f"RemoteBuffer {name!r}: {got['text']}")
+            if "error" in got:
+                raise Error(f"RemoteBuffer {name!r} on {addr}: {got.get('text', got['error'])}")
+            self._parts.append((conn, got["id"], lo, hi))
+        self._calls = InOrder(lambda fn: fn())
+
+    def __repr__(self):
+        return f"<hbmcoll RemoteBuffer {self.name!r} {self.shape} {self.dtype} on {len(self._parts)} server(s)>"
+
+    def _each_chunk(self, op, raw, alpha=0.0):
+        """op over raw (this buffer's bytes), part by part, in chunks of a slot."""
+        step = ms.SLOT_BYTES - ms.HEAD_BYTES - 8
+        version = None
+        for conn, bid, lo, hi in self._parts:
+            if hi == lo:
+                v = conn.request(ms.READ, bid, 0, 0)
+            for off in range(0, hi - lo, step):
+                n = min(step, hi - lo - off)
+                flags = (ms.FIRST if off == 0 else 0) | (ms.LAST if off + n >= hi - lo else 0)
+                piece = raw[lo + off:lo + off + n]
+                if op == ms.READ:
+                    v = conn.request(op, bid, off, n, flags=flags, dst=piece)
+                else:
+                    v = conn.request(op, bid, off, n, src=piece, alpha=alpha, flags=flags)
+            version = v if version is None else min(version, v)
+        return version
+
+    def _check(self, a):
+        raw = _raw(a)
+        if raw.size != self.nbytes:
+            raise ArgumentError(f"RemoteBuffer {self.name!r} holds {self.nbytes} bytes; this array has {raw.size}")
+        return raw
+
+    def read(self, out=None):
+        """The buffer's contents, into out (default: a new NumPy array, or bfloat16 torch tensor)."""
+        return self._calls.call(self._read_fn(out)[0])
+
+    def iread(self, out=None):
+        return self._calls.start(*self._read_fn(out))
+
+    def _read_fn(self, out):
+        if out is None:
+            if self.dtype == "bfloat16":
+                import torch
+                out = torch.empty(self.shape, dtype=torch.bfloat16)
+            else:
+                out = np.empty(self.shape, self.dtype)
+        raw = _raw(out)
+        if raw.size != self.nbytes or (not _is_numpy(out) and not out.is_contiguous()):
+            raise ArgumentError(f"read: out must be contiguous and hold {self.nbytes} bytes")
+        return (lambda: (self._each_chunk(ms.READ, raw), out)[1]), out
+
+    def write(self, a):
+        """The buffer's contents become a's."""
+        raw = self._check(a)
+        return self._calls.call(lambda: self._each_chunk(ms.WRITE, raw))
+
+    def iwrite(self, a):
+        raw = self._check(a)
+        return self._calls.start(lambda: self._each_chunk(ms.WRITE, raw), None)
+
+    def accumulate(self, a, alpha=1.0):
+        """buffer += alpha * a, applied by the server (no update is lost to a concurrent one)."""
+        raw = self._check(a)
+        return self._calls.call(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)))
+
+    def iaccumulate(self, a, alpha=1.0):
+        raw = self._check(a)
+        return self._calls.start(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)), None)
+
+    @property
+    def version(self):
+        """How many writes and accumulates the buffer has taken (on its least updated server)."""
+        return self._calls.call(lambda: min(conn.request(ms.READ, bid, 0, 0) for conn, bid, _, _ in self._parts))
+
+    def lock(self, timeout=None, lease=None):
+        """with rb.lock(timeout=5): ... -- the buffer's lock (on its first server), held for a lease
+        (default memproto.LEASE_S): a holder that dies or overruns it loses it."""
+        return _Lock(self, timeout, lease)
+
+
+class _Lock:
+    def __init__(self, rb, timeout, lease):
+        self.rb, self.timeout, self.lease = rb, timeout, lease
+
+    def __enter__(self):
+        conn, bid = self.rb._parts[0][:2]
+        try:
+            got = conn.control({"op": "lock", "id": bid, "lease": self.lease}, timeout=self.timeout)
+        except TimeoutError:
+            conn.control({"op": "cancel", "id": bid}, until_key="cancelled")  # a late grant is dropped
+            raise TimeoutError(f"RemoteBuffer {self.rb.name!r}: the lock was not free within {self.timeout} s") from None
+        if "error" in got:
+            raise Error(f"RemoteBuffer {self.rb.name!r}: lock: {got['error']}")
+        return self
+
+    def __exit__(self, *exc):
+        conn, bid = self.rb._parts[0][:2]
+        got = conn.control({"op": "unlock", "id": bid})
+        if "error" in got and exc[0] is None:
+            raise Error(f"RemoteBuffer {self.rb.name!r}: unlock: {got['error']}")
+
+
+def new_token():
+    """A random job token (for HBMCOLL_TOKEN or a token file)."""
+    return secrets.token_hex(16)

@@ -1,0 +1,199 @@
+"""Memory servers and RemoteBuffer (memserver.py, remote.py): real servers (python -m
+hbmcoll.memserver) on loopback, real clients in other processes, the bridge's libfabric tcp.
+
+- write, read, accumulate and version; NumPy and torch bfloat16; buffers of several chunks;
+  a buffer striped over two servers;
+- concurrent accumulates from 4 processes lose nothing (int32, exact), while a reader never
+  sees a torn mix of two of them;
+- refusals: a wrong or missing token, a mismatched shape, a request outside the buffer;
+- locks: mutual exclusion under contention; a stopped holder loses the lock when its lease ends;
+- a server killed under a reading client: PeerLostError, no hang; SIGTERM stops a server cleanly.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hbmcoll
+
+PYMOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pymod")
+TOKEN = "memserver-test-token"
+ENV = dict(os.environ, PYTHONPATH=PYMOD, HBMCOLL_TOKEN=TOKEN, FI_PROVIDER="tcp")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """start(k) -> "host:port,..." of k fresh servers; each is stopped (SIGTERM) afterwards."""
+    procs = []
+    (tmp_path / "token").write_text(TOKEN + "\n")
+
+    def start(k=1):
+        addrs = []
+        for _ in range(k):
+            addr = f"127.0.0.1:{_free_port()}"
+            p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file",
+                                  str(tmp_path / "token"), "--capacity", "64M"],
+                                 stderr=subprocess.PIPE, text=True, env=ENV)
+            assert "hbmcoll-memserver: 67108864 bytes" in p.stderr.readline()
+            procs.append(p)
+            addrs.append(addr)
+        return ",".join(addrs)
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=20) == 0  # stops cleanly on SIGTERM
+
+
+def _clients(code, n, addrs, **env):
+    """n processes running code (with i, n, addrs set); their outputs, each must exit 0."""
+    procs = [subprocess.Popen([sys.executable, "-c", f"i, n, addrs = {i}, {n}, {addrs!r}\n" + code],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(ENV, **env))
+             for i in range(n)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return [o for o, _ in outs]
+
+
+def test_write_read_accumulate_and_version(servers):
+    addrs = servers(1)
+    rb = hbmcoll.RemoteBuffer("w", (1000, 700), "float32", servers=addrs, token=TOKEN)
+    a = np.arange(700000, dtype=np.float32).reshape(1000, 700)  # 2.8 MB: three chunks
+    rb.write(a)
+    assert rb.version == 1
+    rb.accumulate(np.ones_like(a), alpha=-0.5)
+    assert np.array_equal(rb.read(), a - 0.5) and rb.version == 2
+    req = rb.iaccumulate(np.full_like(a, 2.0))
+    got = rb.iread()
+    req.wait()
+    assert np.array_equal(got.wait(), a + 1.5)
+    import torch
+    tb = hbmcoll.RemoteBuffer("t", (3, 5), torch.bfloat16, servers=addrs, token=TOKEN)
+    tb.write(torch.arange(15, dtype=torch.bfloat16).reshape(3, 5))
+    tb.accumulate(torch.ones(3, 5, dtype=torch.bfloat16), alpha=2)
+    assert torch.equal(tb.read(), torch.arange(15, dtype=torch.bfloat16).reshape(3, 5) + 2)
+
+
+def test_a_buffer_striped_over_two_servers(servers):
+    addrs = servers(2)
+    rb = hbmcoll.RemoteBuffer("s", (300001,), "float64", servers=addrs, token=TOKEN)
+    x = np.random.default_rng(0).random(300001)
+    rb.write(x)
+    rb.accumulate(x, alpha=1.0)
+    assert np.array_equal(rb.read(), 2 * x) and rb.version == 2
+    assert [p[2:] for p in rb._parts] == [(0, 150000 * 8), (150000 * 8, 300001 * 8)]
+
+
+ACCUMULATE = r"""
+import numpy as np, hbmcoll
+rb = hbmcoll.RemoteBuffer("c", (3 << 18,), "int32", servers=addrs)   # 3 MiB: 3 chunks a request
+if i == n - 1:  # the reader: every read is one whole state, all elements alike
+    seen = 0
+    while seen < (n - 1) * 30:
+        a = rb.read()
+        assert (a == a[0]).all(), ("torn read", np.unique(a))
+        seen = int(a[0])
+else:
+    for _ in range(30):
+        rb.accumulate(np.ones(3 << 18, np.int32))
+print("done")
+"""
+
+
+def test_concurrent_accumulates_lose_nothing_and_reads_are_whole(servers):
+    addrs = servers(1)
+    _clients(ACCUMULATE, 5, addrs)
+    rb = hbmcoll.RemoteBuffer("c", (3 << 18,), "int32", servers=addrs, token=TOKEN)
+    assert (rb.read() == 4 * 30).all() and rb.version == 4 * 30
+
+
+def test_refusals(servers):
+    addrs = servers(1)
+    with pytest.raises(PermissionError, match="token does not match"):
+        hbmcoll.RemoteBuffer("r", (10,), "float32", servers=addrs, token="wrong")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HBMCOLL_TOKEN")}
+    code = "import hbmcoll\ntry:\n hbmcoll.RemoteBuffer('r', (10,), servers=%r)\nexcept PermissionError as e:\n print(e)" % addrs
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=PYMOD), capture_output=True, text=True)
+    assert "no token: pass token= or set HBMCOLL_TOKEN" in out.stdout, out
+    rb = hbmcoll.RemoteBuffer("r", (10,), "float32", servers=addrs, token=TOKEN)
+    with pytest.raises(hbmcoll.MismatchError, match=r"exists with shape \(10,\) and dtype float32, not \(11,\)"):
+        hbmcoll.RemoteBuffer("r", (11,), "float32", servers=addrs, token=TOKEN)
+    with pytest.raises(hbmcoll.MismatchError):
+        hbmcoll.RemoteBuffer("r", (10,), "int32", servers=addrs, token=TOKEN)
+    conn, bid = rb._parts[0][:2]
+    with pytest.raises(hbmcoll.ArgumentError, match="refused the request"):
+        conn.request(3, bid, 36, 8, dst=np.empty(8, np.uint8))  # bytes 36..44 of a 40-byte buffer
+    with pytest.raises(hbmcoll.ArgumentError, match="refused the request"):
+        conn.request(2, bid, 0, 6, src=np.zeros(6, np.uint8), alpha=1.0)  # 6 bytes of float32
+    ri = hbmcoll.RemoteBuffer("ri", (4,), "int32", servers=addrs, token=TOKEN)
+    with pytest.raises(hbmcoll.ArgumentError, match="refused the request"):
+        ri.accumulate(np.ones(4, np.int32), alpha=0.5)  # int32 takes whole alphas only
+    rb.write(np.ones(10, np.float32))                   # still served
+    assert np.array_equal(rb.read(), np.ones(10, np.float32)) and ri.version == 0
+
+
+COUNTER = r"""
+import numpy as np, hbmcoll
+rb = hbmcoll.RemoteBuffer("k", (1,), "int32", servers=addrs)
+for _ in range(15):
+    with rb.lock(timeout=60):
+        v = rb.read()
+        rb.write(v + 1)   # read-modify-write: only a lock keeps the count
+print("done")
+"""
+
+
+def test_the_lock_excludes_under_contention(servers):
+    addrs = servers(1)
+    hbmcoll.RemoteBuffer("k", (1,), "int32", servers=addrs, token=TOKEN).write(np.zeros(1, np.int32))
+    _clients(COUNTER, 3, addrs)
+    assert hbmcoll.RemoteBuffer("k", (1,), "int32", servers=addrs, token=TOKEN).read()[0] == 45
+
+
+def test_a_stopped_holder_loses_the_lock_when_its_lease_ends(servers):
+    addrs = servers(1)
+    code = ("import hbmcoll, time\nrb = hbmcoll.RemoteBuffer('l', (1,), servers=%r)\n"
+            "rb.lock(lease=1.5).__enter__()\nprint('held', flush=True)\ntime.sleep(60)") % addrs
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGSTOP)  # alive, connected, and holding
+        rb = hbmcoll.RemoteBuffer("l", (1,), servers=addrs, token=TOKEN)
+        with pytest.raises(hbmcoll.TimeoutError):
+            with rb.lock(timeout=0.3):
+                pass
+        t0 = time.monotonic()
+        with rb.lock(timeout=10):
+            waited = time.monotonic() - t0
+        assert waited < 5, waited
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_server_killed_under_a_reading_client_is_peer_lost(servers):
+    addrs = servers(1)
+    code = ("import hbmcoll, time\nrb = hbmcoll.RemoteBuffer('d', (1 << 20,), servers=%r)\nprint('up', flush=True)\n"
+            "try:\n while True: rb.read()\nexcept hbmcoll.PeerLostError as e:\n print('lost:', e)") % addrs
+    client = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
+    assert client.stdout.readline().strip() == "up"
+    time.sleep(0.5)
+    pid = None
+    for line in subprocess.run(["pgrep", "-f", f"hbmcoll.memserver --listen {addrs}"], capture_output=True,
+                               text=True).stdout.split():
+        pid = int(line)
+    os.kill(pid, signal.SIGKILL)
+    out, _ = client.communicate(timeout=60)
+    assert client.returncode == 0 and "lost:" in out and "memory server" in out, out
