@@ -7,7 +7,8 @@ hbmcoll.memserver) on loopback, real clients in other processes, the bridge's li
   sees a torn mix of two of them;
 - refusals: a wrong or missing token, a mismatched shape, a request outside the buffer;
 - locks: mutual exclusion under contention; a stopped holder loses the lock when its lease ends;
-- a server killed under a reading client: PeerLostError, no hang; SIGTERM stops a server cleanly.
+- a server killed under a reading client: PeerLostError, no hang; SIGTERM stops a server cleanly;
+- a server and workers on emulated nodes (network namespaces).
 """
 import os
 import signal
@@ -197,3 +198,32 @@ def test_a_server_killed_under_a_reading_client_is_peer_lost(servers):
     os.kill(pid, signal.SIGKILL)
     out, _ = client.communicate(timeout=60)
     assert client.returncode == 0 and "lost:" in out and "memory server" in out, out
+
+
+def test_servers_and_workers_on_emulated_nodes(emulated_nodes, tmp_path):
+    """A server on node 0, workers on nodes 1 and 2 (network namespaces on a bridge): the bridge
+    runs on their veth interface, not loopback; accumulates from both stay exact."""
+    import netnodes
+    nodes = emulated_nodes(3)
+    (tmp_path / "token").write_text(TOKEN)
+    server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", "10.77.0.1:29990",
+                             "--token-file", str(tmp_path / "token"), "--capacity", "16M"],
+                         stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        line = server.stderr.readline()
+        assert "at 10.77.0.1:29990" in line and "interface hbnet0" in line, line
+        code = ("import numpy as np, hbmcoll\nrb = hbmcoll.RemoteBuffer('n', (1 << 20,), 'int32')\n"
+                "for _ in range(20): rb.accumulate(np.ones(1 << 20, np.int32))\nprint('done')")
+        workers = [nodes.popen(k, [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=dict(ENV, HBMCOLL_MEMSERVERS="10.77.0.1:29990")) for k in (1, 2)]
+        for rc, out, err in netnodes.finish(workers, 120):
+            assert rc == 0 and "done" in out, err[-2000:]
+        check = ("import numpy as np, hbmcoll\nrb = hbmcoll.RemoteBuffer('n', (1 << 20,), 'int32')\n"
+                 "a = rb.read(); print(int(a.min()), int(a.max()), rb.version)")
+        (rc, out, err), = netnodes.finish([nodes.popen(1, [sys.executable, "-c", check],
+                                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                       env=dict(ENV, HBMCOLL_MEMSERVERS="10.77.0.1:29990"))], 60)
+        assert rc == 0 and out.split() == ["40", "40", "40"], (out, err[-2000:])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=20) == 0
