@@ -35,6 +35,7 @@ import torch.distributed as dist
 from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
+from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
 
