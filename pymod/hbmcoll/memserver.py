@@ -24,6 +24,7 @@ import argparse
 import collections
 import hmac
 import json
+import os
 import secrets
 import selectors
 import signal
@@ -293,6 +294,51 @@ class Server:
         except Exception:
             pass
         self.ep.close()
+
+
+def start_beside(k, host, ports, token, capacity="1G"):
+    """k servers as child processes on host (ports: k numbers, 0 for a free one), each ready (its
+    line printed) before this returns: (processes, "host:port,...", stop()). hbmcoll-run's
+    --memservers. stop() ends them with SIGTERM and removes the token file."""
+    import shutil
+    import subprocess
+    import tempfile
+    where = tempfile.mkdtemp(prefix="hbmcoll-memserver-")  # 0700: the token stays ours
+    with open(os.path.join(where, "token"), "w") as f:
+        f.write(token)
+    procs, addrs = [], []
+
+    def stop():
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(where, ignore_errors=True)
+    try:
+        for port in ports:
+            if not port:
+                with socket.socket() as s:
+                    s.bind((host, 0))
+                    port = s.getsockname()[1]
+            p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", f"{host}:{port}",
+                                  "--token-file", os.path.join(where, "token"), "--capacity", str(capacity)],
+                                 stderr=subprocess.PIPE, text=True)
+            procs.append(p)
+            line = p.stderr.readline()
+            if not line.startswith("hbmcoll-memserver:"):
+                raise SystemExit(f"hbmcoll-run: a memory server at {host}:{port} did not start: {line.strip()}"
+                                 f"{p.stderr.read()[-2000:]}")
+            sys.stderr.write(line)
+            addrs.append(f"{host}:{port}")
+    except BaseException:
+        stop()
+        raise
+    return procs, ",".join(addrs), stop
 
 
 def parse_size(text):

@@ -65,10 +65,17 @@ class _Connection:
         from .layout import iface_to
         host, _, port = addr.rpartition(":")
         self.addr, self.timeout = addr, timeout
-        try:
-            self.sock = socket.create_connection((host, int(port)), timeout=timeout or 30)
-        except OSError as exc:
-            raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
+        until = time.monotonic() + (timeout or 30)
+        while True:  # a server started beside the job (hbmcoll-run --memservers) may still be starting
+            try:
+                self.sock = socket.create_connection((host, int(port)), timeout=timeout or 30)
+                break
+            except ConnectionRefusedError as exc:
+                if time.monotonic() > until:
+                    raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
+                time.sleep(0.2)
+            except OSError as exc:
+                raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
         hello = self._recv()
         self.ep = _core.Endpoint(iface_to(host), 2 * ms.SLOT_BYTES)
         ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "card": self.ep.card().hex(),

@@ -33,6 +33,8 @@ Only the standard library is used, so this file also runs by path without the C 
 
 import argparse
 import ctypes
+import hashlib
+import hmac
 import os
 import secrets
 import selectors
@@ -55,7 +57,8 @@ def _sibling(name):
 
 launch_env = _sibling("launch_env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master"}
+VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
+              "--memservers", "--memserver-capacity"}
 PR_SET_PDEATHSIG = 1
 
 
@@ -123,7 +126,35 @@ def _parser():
     p.add_argument("--node-rank", type=int, metavar="R", help="this node's number, 0..K-1")
     p.add_argument("--master", metavar="ADDR[:PORT]",
                    help="node 0's address, where the nodes meet (PORT default 29500)")
+    p.add_argument("--memservers", type=int, default=0, metavar="K",
+                   help="start K memory servers beside the job (on node 0) and give the ranks "
+                        "HBMCOLL_MEMSERVERS and HBMCOLL_TOKEN")
+    p.add_argument("--memserver-capacity", default="1G", metavar="SIZE", help="bytes each server holds (1G)")
     return p
+
+
+def _memservers(args, env):
+    """--memservers K: on one node, K servers on loopback with a fresh token; across nodes, node 0
+    runs them at the master's address (ports PORT + 64 ..) and every node derives the token from
+    HBMCOLL_JOB_KEY, so no node needs to be told. Returns stop() (None: no servers here)."""
+    if args.memservers < 0:
+        raise SystemExit(f"hbmcoll-run: --memservers must be >= 0, got {args.memservers}")
+    if not args.memservers:
+        return None
+    k = args.memservers
+    if args.nnodes == 1:
+        host, ports, token = "127.0.0.1", [0] * k, secrets.token_hex(16)
+    else:
+        host, base = env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 64
+        ports = [base + i for i in range(k)]
+        token = hmac.new(env["HBMCOLL_JOB_KEY"].encode(), b"memservers", hashlib.sha256).hexdigest()
+    env["HBMCOLL_TOKEN"] = token
+    if args.nnodes > 1 and args.node_rank != 0:
+        env["HBMCOLL_MEMSERVERS"] = ",".join(f"{host}:{p}" for p in ports)
+        return None
+    from .memserver import start_beside
+    _, env["HBMCOLL_MEMSERVERS"], stop = start_beside(k, host, ports, token, args.memserver_capacity)
+    return stop
 
 
 def _nodes_env(args, parser):
@@ -363,12 +394,17 @@ def main(argv=None):
     if args.tag_output:
         env.setdefault("PYTHONUNBUFFERED", "1")  # through a pipe Python would buffer whole blocks
 
-    job = _Job(grace, args.tag_output)
-    for sig in (*FORWARDED, signal.SIGTSTP):
-        if signal.getsignal(sig) != signal.SIG_IGN:  # keep what our caller ignored (nohup, &)
-            signal.signal(sig, job.on_signal)
-    job.start(_command(prog_argv, module), env, args.n, threads, (args.node_rank or 0) * args.n)
-    return job.wait()
+    stop_servers = _memservers(args, env)
+    try:
+        job = _Job(grace, args.tag_output)
+        for sig in (*FORWARDED, signal.SIGTSTP):
+            if signal.getsignal(sig) != signal.SIG_IGN:  # keep what our caller ignored (nohup, &)
+                signal.signal(sig, job.on_signal)
+        job.start(_command(prog_argv, module), env, args.n, threads, (args.node_rank or 0) * args.n)
+        return job.wait()
+    finally:
+        if stop_servers is not None:
+            stop_servers()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ hbmcoll.memserver) on loopback, real clients in other processes, the bridge's li
 - a server killed under a reading client: PeerLostError, no hang; SIGTERM stops a server cleanly;
 - a server and workers on emulated nodes (network namespaces);
 - a small classifier trained async and hybrid (ParameterSharing, sharing_job.py) reaches the
-  synchronous accuracy within TOLERANCE.
+  synchronous accuracy within TOLERANCE;
+- hbmcoll-run --memservers: servers beside the job, stopped with it, on one node and across two.
 """
 import os
 import signal
@@ -269,3 +270,40 @@ def test_training_through_the_servers_reaches_the_synchronous_accuracy(servers, 
     assert len(got) == 4, outs
     sync = _sync_accuracy()
     assert min(got) >= sync - TOLERANCE, (mode, got, sync)
+
+
+RUN_JOB = r"""
+import os, numpy as np, hbmcoll
+c = hbmcoll.init()
+rb = hbmcoll.RemoteBuffer("x", (100001,), "float64")
+rb.accumulate(np.ones(100001))
+c.barrier()
+a = rb.read()
+os.write(1, f"got {c.rank} {a.min()} {a.max()} {os.environ['HBMCOLL_MEMSERVERS']}\n".encode())  # one write
+"""
+
+
+def test_hbmcoll_run_starts_servers_beside_the_job():
+    env = {k: v for k, v in ENV.items() if not k.startswith("HBMCOLL_TOKEN")}
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "2", "--memservers", "2", "--memserver-capacity",
+                        "8M", sys.executable, "-c", RUN_JOB], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line.split() for line in p.stdout.splitlines() if line.startswith("got")]
+    assert sorted(w[1] for w in lines) == ["0", "1"] and all(w[2:4] == ["2.0", "2.0"] for w in lines), p.stdout
+    assert p.stderr.count("hbmcoll-memserver: 8388608 bytes") == 2, p.stderr
+    for addr in lines[0][4].split(","):  # stopped with the job
+        host, port = addr.rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_hbmcoll_run_servers_across_nodes(emulated_nodes):
+    import netnodes
+    nodes = emulated_nodes(2)
+    env = dict({k: v for k, v in ENV.items() if not k.startswith("HBMCOLL_TOKEN")}, HBMCOLL_JOB_KEY="m" * 32)
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", "10.77.0.1:29700", "--memservers", "1", "--memserver-capacity", "8M",
+                             sys.executable, "-c", RUN_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env) for i in range(2)]
+    for rc, out, err in netnodes.finish(procs, 120):  # node 1 reaches node 0's server with the derived token
+        assert rc == 0 and " 2.0 2.0 10.77.0.1:29764" in out, (out, err[-3000:])
