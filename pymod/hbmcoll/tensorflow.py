@@ -443,6 +443,8 @@ def _make_callbacks():
     mod = types.ModuleType(__name__ + ".callbacks", "Keras callbacks of hbmcoll.tensorflow")
     mod.BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
     mod.MetricAverageCallback = MetricAverageCallback
+    from .tf_sharing import callback_class
+    mod.ParameterSharingCallback = callback_class(keras)  # memory servers: async and hybrid sharing
     return mod
 
 

@@ -55,7 +55,7 @@ def main():
         sharing.buffer.read(out=final)
         sharing.flat.copy_(final)
         sharing._scatter()
-    print("accuracy %.4f" % accuracy(net, x, y), flush=True)
+    os.write(1, b"accuracy %.4f\n" % accuracy(net, x, y))  # one write: a group's ranks share the pipe
 
 
 if __name__ == "__main__":

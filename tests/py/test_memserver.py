@@ -11,7 +11,8 @@ hbmcoll.memserver) on loopback, real clients in other processes, the bridge's li
 - a server and workers on emulated nodes (network namespaces);
 - a small classifier trained async and hybrid (ParameterSharing, sharing_job.py) reaches the
   synchronous accuracy within TOLERANCE;
-- hbmcoll-run --memservers: servers beside the job, stopped with it, on one node and across two.
+- hbmcoll-run --memservers: servers beside the job, stopped with it, on one node and across two;
+- Keras workers sharing their weights (ParameterSharingCallback, keras_sharing_job.py).
 """
 import os
 import signal
@@ -307,3 +308,19 @@ def test_hbmcoll_run_servers_across_nodes(emulated_nodes):
                          text=True, env=env) for i in range(2)]
     for rc, out, err in netnodes.finish(procs, 120):  # node 1 reaches node 0's server with the derived token
         assert rc == 0 and " 2.0 2.0 10.77.0.1:29764" in out, (out, err[-3000:])
+
+
+def test_keras_workers_share_through_the_servers(servers):
+    pytest.importorskip("tensorflow")
+    addrs = servers(1)
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_sharing_job.py")
+    env = dict(ENV, HBMCOLL_MEMSERVERS=addrs, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    procs = [subprocess.Popen([sys.executable, job, str(s), "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for s in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "keras accuracy" in out, err[-3000:]
+    got = [out.split() for out, _ in outs]
+    assert all(float(w[2]) >= 0.9 for w in got), got  # a separable set: both workers' pushes made it
+    rb = hbmcoll.RemoteBuffer("keras", (10 * 8 + 8 + 8 * 2 + 2,), "float32", servers=addrs, token=TOKEN)
+    assert rb.version == 1 + sum(int(w[4]) for w in got)  # the first weights, then every batch of both

@@ -1,0 +1,78 @@
+"""The framework-free part of parameter sharing through memory servers (ShmCaffe's modes): one
+float32 buffer of a model's parameters on the servers, its first contents, the push of a worker's
+change and the pull of everyone's, and the step counters behind a staleness bound. The torch
+helper (sharing.py) and the Keras callback (tf_sharing.py) sit on it.
+"""
+import time
+
+import numpy as np
+
+from .errors import ArgumentError, TimeoutError
+from .remote import RemoteBuffer
+
+MAX_WORKERS = (1 << 10) - 1  # step counters: slot 0 says how many slots were taken
+
+
+def check_mode(mode, staleness):
+    if mode not in ("async", "hybrid"):
+        raise ArgumentError(f"parameter sharing mode {mode!r}: 'async' or 'hybrid'")
+    if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
+        raise ArgumentError(f"staleness={staleness!r}: a number of steps >= 0, or None (unbounded)")
+
+
+class SharedParameters:
+    """n float32 parameters named `name` on the servers, as one worker (or group) sees them."""
+
+    def __init__(self, n, servers=None, token=None, name="parameters", staleness=None, timeout=300):
+        self.staleness, self.timeout, self.steps = staleness, timeout, 0
+        self.buffer = RemoteBuffer(name, (n,), "float32", servers=servers, token=token, timeout=timeout)
+        self.iters = None
+        if staleness is not None:
+            self.iters = RemoteBuffer(name + "/steps", (MAX_WORKERS + 1,), "int32", servers=servers, token=token,
+                                      timeout=timeout)
+
+    def start(self, flat):
+        """flat (this worker's parameters) becomes the shared ones: the first worker to hold the
+        buffer's lock writes its own. With a staleness bound, each worker takes a step counter."""
+        with self.buffer.lock(timeout=self.timeout):
+            if self.buffer.version == 0:
+                self.buffer.write(flat)
+        self.buffer.read(out=flat)
+        if self.iters is not None:
+            with self.iters.lock(timeout=self.timeout):
+                counts = self.iters.read()
+                if counts[0] >= MAX_WORKERS:
+                    raise ArgumentError(f"parameter sharing: more than {MAX_WORKERS} workers")
+                self.slot = int(counts[0]) + 1
+                counts[0] += 1
+                self.iters.write(counts)
+
+    def push_pull(self, change, flat):
+        """This worker's change of its parameters onto the shared ones; flat becomes theirs."""
+        self.buffer.accumulate(change)
+        self.steps += 1
+        if self.iters is not None:
+            self._count(1)
+            self._wait_for_slowest()
+        self.buffer.read(out=flat)
+
+    def _wait_for_slowest(self):
+        until = time.monotonic() + self.timeout
+        while True:
+            counts = self.iters.read()
+            if self.steps - counts[1:counts[0] + 1].min() <= self.staleness:
+                return
+            if time.monotonic() > until:
+                raise TimeoutError(f"parameter sharing: waited {self.timeout} s for the slowest worker "
+                                   f"(staleness {self.staleness})")
+            time.sleep(0.001)
+
+    def _count(self, k):
+        one = np.zeros(MAX_WORKERS + 1, np.int32)
+        one[self.slot] = k
+        self.iters.accumulate(one)
+
+    def finish(self):
+        """This worker trains no more: the others stop waiting for it (with a staleness bound)."""
+        if self.iters is not None:
+            self._count(1 << 30)
