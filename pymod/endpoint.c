@@ -6,7 +6,7 @@
  *
  *   e = Endpoint(iface=None, pool_bytes=4 << 20)
  *   e.describe() -> str; e.card() -> bytes; e.add_peer(card) -> int; e.pool() -> memoryview
- *   e.write(peer, frm, to, length, note)   # my pool [frm, frm+length) -> peer's pool at `to`
+ *   e.write(peer, frm, to, length, note, timeout=0)  # my pool [frm, frm+length) -> peer's at `to`
  *   e.poll(timeout) -> note or None        # waits up to timeout s for a peer's note
  *   e.flush(timeout=0); e.watch(fd, what); e.close()
  *
@@ -107,11 +107,16 @@ static PyObject *endpoint_watch(hb_endpoint_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* write(peer, frm, to, length, note, timeout=0): a write the provider keeps refusing (a peer that
+ * stopped reading) fails after timeout seconds (0: never). */
 static PyObject *endpoint_write(hb_endpoint_t *self, PyObject *args) {
   int peer;
   Py_ssize_t frm, to, length;
   unsigned long note;
-  if (!PyArg_ParseTuple(args, "innnk", &peer, &frm, &to, &length, &note) || !endpoint_usable(self)) return NULL;
+  double timeout = 0;
+  if (!PyArg_ParseTuple(args, "innnk|d", &peer, &frm, &to, &length, &note, &timeout) || !endpoint_usable(self))
+    return NULL;
+  coll__net_set_timeout(self->net, timeout);
   size_t pool = coll__net_pool_bytes(self->net);
   if (frm < 0 || length < 1 || to < 0 || (size_t)frm + (size_t)length > pool)
     return hb_bad_arg("write: [%zd, %zd + %zd) is not in my pool of %zu bytes", frm, frm, length, pool);
@@ -188,7 +193,7 @@ static PyMethodDef endpoint_methods[] = {
     {"pool", (PyCFunction)endpoint_pool, METH_NOARGS, "the registered pool, a writable memoryview"},
     {"watch", (PyCFunction)endpoint_watch, METH_VARARGS, "watch(fd, what): a closed fd ends every wait"},
     {"write", (PyCFunction)endpoint_write, METH_VARARGS,
-     "write(peer, frm, to, length, note): my pool's bytes into the peer's, with a 32-bit note"},
+     "write(peer, frm, to, length, note, timeout=0): my pool's bytes into the peer's, with a 32-bit note"},
     {"poll", (PyCFunction)endpoint_poll, METH_VARARGS, "poll(timeout=0) -> a peer's note, or None"},
     {"flush", (PyCFunction)endpoint_flush, METH_VARARGS, "flush(timeout=0): until my writes completed"},
     {"close", (PyCFunction)endpoint_close, METH_NOARGS, "release the endpoint"},

@@ -38,6 +38,8 @@ import numpy as np
 from .memproto import (ACCUMULATE, ALIGN, DTYPES, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
                        REFUSED, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
 
+REPLY_S = 10.0  # a client that takes no answer for this long (stopped, wedged) is dropped
+
 class Buffer:
     def __init__(self, bid, name, shape, dtype, base, nbytes):
         self.id, self.name, self.shape, self.dtype = bid, name, shape, dtype
@@ -254,9 +256,10 @@ class Server:
 
     def _reply(self, client, number, status, nbytes):
         try:
-            self.ep.write(client.peer, client.reply, client.reply_to, nbytes, (status << 28) | (number & NUMBER))
-        except Exception:  # the client's endpoint is gone: its control connection ends it
-            pass
+            self.ep.write(client.peer, client.reply, client.reply_to, nbytes, (status << 28) | (number & NUMBER),
+                          REPLY_S)
+        except Exception:  # a client gone, or stopped so long that its answer cannot leave: served no more
+            self._drop(client)
 
     def _unpark(self, buf):
         while buf.holder is None and buf.parked:

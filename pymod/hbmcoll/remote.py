@@ -128,7 +128,8 @@ class _Connection:
             ms.HEAD.pack_into(self.pool, 0, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
             if src is not None:
                 self.pool[ms.HEAD_BYTES:ms.HEAD_BYTES + length] = src
-            self.ep.write(self.peer, 0, self.slot, ms.HEAD_BYTES + (length if src is not None else 0), self.index)
+            self.ep.write(self.peer, 0, self.slot, ms.HEAD_BYTES + (length if src is not None else 0), self.index,
+                          self.timeout or 0)
             until = time.monotonic() + self.timeout if self.timeout else None
             while True:
                 note = self.ep.poll(0.05)
