@@ -21,6 +21,7 @@ A benchmark: nothing is asserted.
 """
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def run_mpi(nodes, workers, nbytes, compute, iters, tmp):
 
 def _slowest(label, res):
     outs = [out for _, out, _ in res]
-    got = [float(line.split()[2]) for o in outs for line in o.splitlines() if line.startswith("comm")]
+    got = [float(t) for o in outs for t in re.findall(r"comm \d+ ([0-9.]+)", o)]  # hydra interleaves ranks' lines
     if not got or any(rc for rc, _, _ in res):
         raise SystemExit(f"the {label} emulation failed: " + " | ".join(e[-1500:] for _, _, e in res))
     return max(got)
