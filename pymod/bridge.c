@@ -8,6 +8,8 @@
  *   b.describe() -> str; b.card() -> bytes; b.add_peer(card) -> int
  *   b.watch(fd, what); b.ring(n, me, left, right); b.allreduce(buf, op, timeout=0)
  *   b.allgather(buf, timeout=0)
+ *   b.pool() -> memoryview; b.write(peer, frm, to, length, note, timeout=0)   # the raw calls
+ *   b.poll(timeout) -> note or None; b.flush(timeout=0)                       # (memory servers)
  *   b.close()
  *
  * One thread at a time (the caller's lock); every call that can block runs without the
@@ -16,6 +18,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <time.h>
 
 #include "net.h"
 #include "net_ring.h"
@@ -234,6 +237,85 @@ static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
   return PyLong_FromSize_t(coll__net_ring_slot_bytes(self->ring));
 }
 
+/* The raw calls, for the memory servers and their clients (memserver.py, remote.py). */
+static PyObject *bridge_pool(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (!bridge_usable(self)) return NULL;
+  return PyMemoryView_FromMemory((char *)coll__net_pool(self->net), (Py_ssize_t)coll__net_pool_bytes(self->net),
+                                 PyBUF_WRITE);
+}
+
+/* write(peer, frm, to, length, note, timeout=0): a write the provider keeps refusing (a peer that
+ * stopped reading) fails after timeout seconds (0: never). */
+static PyObject *bridge_write(hb_bridge_t *self, PyObject *args) {
+  int peer;
+  Py_ssize_t frm, to, length;
+  unsigned long note;
+  double timeout = 0;
+  if (!PyArg_ParseTuple(args, "innnk|d", &peer, &frm, &to, &length, &note, &timeout) || !bridge_usable(self))
+    return NULL;
+  coll__net_set_timeout(self->net, timeout);
+  size_t pool = coll__net_pool_bytes(self->net);
+  if (frm < 0 || length < 1 || to < 0 || (size_t)frm + (size_t)length > pool)
+    return hb_bad_arg("write: [%zd, %zd + %zd) is not in my pool of %zu bytes", frm, frm, length, pool);
+  char err[320] = "";
+  int rc;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS
+  rc = coll__net_write(self->net, peer, (size_t)frm, (size_t)to, (size_t)length, (uint32_t)note, NULL, err,
+                       sizeof err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL;
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  Py_RETURN_NONE;
+}
+
+static double bridge_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* poll(timeout): a peer's note, or None once timeout seconds passed without one (0: look once). */
+static PyObject *bridge_poll(hb_bridge_t *self, PyObject *args) {
+  double timeout = 0;
+  if (!PyArg_ParseTuple(args, "|d", &timeout) || !bridge_usable(self)) return NULL;
+  char err[320] = "";
+  uint32_t note = 0;
+  int rc;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS
+  double until = bridge_now() + timeout;
+  unsigned spins = 0;
+  while ((rc = coll__net_poll(self->net, &note, err, sizeof err)) == 0) {
+    coll__net_idle(++spins);
+    if ((spins & 255) == 0 && (bridge_now() > until || coll__net_interrupted(self->net))) break;
+  }
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (rc == 0 && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
+  if (rc < 0) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  if (rc == 0) Py_RETURN_NONE;
+  return PyLong_FromUnsignedLong(note);
+}
+
+static PyObject *bridge_flush(hb_bridge_t *self, PyObject *args) {
+  double timeout = 0;
+  if (!PyArg_ParseTuple(args, "|d", &timeout) || !bridge_usable(self)) return NULL;
+  char err[320] = "";
+  int rc;
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS
+  coll__net_set_timeout(self->net, timeout);
+  rc = coll__net_flush(self->net, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  self->busy = 0;
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL;
+  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
+  Py_RETURN_NONE;
+}
+
 static PyObject *bridge_close(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (self->busy) return hb_bad_arg("the bridge is in use by another thread");
@@ -258,6 +340,11 @@ static PyMethodDef bridge_methods[] = {
     {"shift", (PyCFunction)(void (*)(void))bridge_shift, METH_VARARGS | METH_KEYWORDS,
      "shift(j, src, dst, timeout=0): src to member me + j, member me - j's into dst"},
     {"slot_bytes", (PyCFunction)bridge_slot_bytes, METH_NOARGS, "the bytes one ring transfer carries at most"},
+    {"pool", (PyCFunction)bridge_pool, METH_NOARGS, "the registered pool, a writable memoryview"},
+    {"write", (PyCFunction)bridge_write, METH_VARARGS,
+     "write(peer, frm, to, length, note, timeout=0): my pool's bytes into the peer's, with a 32-bit note"},
+    {"poll", (PyCFunction)bridge_poll, METH_VARARGS, "poll(timeout=0) -> a peer's note, or None"},
+    {"flush", (PyCFunction)bridge_flush, METH_VARARGS, "flush(timeout=0): until my writes completed"},
     {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
     {NULL, NULL, 0, NULL}};
 

@@ -65,7 +65,7 @@ class Server:
         from .layout import iface_to
         self.token, self.capacity = token, capacity
         self.iface = iface or iface_to(host)
-        self.ep = _core.Endpoint(self.iface, capacity + max_clients * 2 * SLOT_BYTES)
+        self.ep = _core.Bridge(self.iface, capacity + max_clients * 2 * SLOT_BYTES)
         self.pool = np.frombuffer(self.ep.pool(), np.uint8)
         self.axpy = _core.axpy
         self.free_slots = list(range(max_clients))[::-1]

@@ -77,7 +77,7 @@ class _Connection:
             except OSError as exc:
                 raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
         hello = self._recv()
-        self.ep = _core.Endpoint(iface_to(host), 2 * ms.SLOT_BYTES)
+        self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES)
         ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "card": self.ep.card().hex(),
                                 "reply_to": ms.SLOT_BYTES})
         answer = self._recv()
