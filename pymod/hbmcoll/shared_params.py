@@ -39,13 +39,15 @@ class SharedParameters:
                 self.buffer.write(flat)
         self.buffer.read(out=flat)
         if self.iters is not None:
+            # Slot 0 counts the slots taken; the lock orders the joins. The join adds to slot 0
+            # alone: the running workers count their steps meanwhile, and a write of the whole
+            # array would drop those steps (and hang everyone waiting on them).
             with self.iters.lock(timeout=self.timeout):
-                counts = self.iters.read()
-                if counts[0] >= MAX_WORKERS:
+                taken = int(self.iters.read()[0])
+                if taken >= MAX_WORKERS:
                     raise ArgumentError(f"parameter sharing: more than {MAX_WORKERS} workers")
-                self.slot = int(counts[0]) + 1
-                counts[0] += 1
-                self.iters.write(counts)
+                self.slot = taken + 1
+                self._count(1, slot=0)
 
     def push_pull(self, change, flat):
         """This worker's change of its parameters onto the shared ones; flat becomes theirs."""
@@ -67,9 +69,9 @@ class SharedParameters:
                                    f"(staleness {self.staleness})")
             time.sleep(0.001)
 
-    def _count(self, k):
+    def _count(self, k, slot=None):
         one = np.zeros(MAX_WORKERS + 1, np.int32)
-        one[self.slot] = k
+        one[self.slot if slot is None else slot] = k
         self.iters.accumulate(one)
 
     def finish(self):

@@ -273,6 +273,33 @@ def test_training_through_the_servers_reaches_the_synchronous_accuracy(servers, 
     assert min(got) >= sync - TOLERANCE, (mode, got, sync)
 
 
+def test_workers_joining_never_lose_a_running_workers_steps(servers):
+    """A worker taking its step counter while another counts its steps: no count is lost (a join
+    once rewrote the whole counter array, and a staleness-bounded job hung on the lost steps)."""
+    import threading
+    from hbmcoll.shared_params import SharedParameters
+    addrs = servers(1)
+    first = SharedParameters(4, servers=addrs, token=TOKEN, name="join", staleness=10 ** 6, timeout=60)
+    first.start(np.zeros(4, np.float32))
+    done, joins = [0], threading.Event()
+
+    def count():
+        while not joins.is_set() or done[0] < 100:
+            first._count(1)
+            done[0] += 1
+    counting = threading.Thread(target=count)
+    counting.start()
+    joined = [SharedParameters(4, servers=addrs, token=TOKEN, name="join", staleness=10 ** 6, timeout=60)
+              for _ in range(8)]
+    for j in joined:
+        j.start(np.zeros(4, np.float32))
+    joins.set()
+    counting.join()
+    counts = first.iters.read()
+    assert counts[0] == 9 and sorted(j.slot for j in joined) == list(range(2, 10))
+    assert counts[first.slot] == done[0]
+
+
 RUN_JOB = r"""
 import os, numpy as np, hbmcoll
 c = hbmcoll.init()
