@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -127,4 +128,40 @@ void coll_numa_scratch_free(coll_numa_ctx_t *ctx, void *ptr, size_t size) {
       coll__numa_charge(ctx, &ctx->plan->ranks[ctx->local_rank].buf, (uint64_t)len, -1);
   }
   munmap(ptr, len);
+}
+
+/* The node most of [addr, addr+len)'s pages sit on, from move_pages(2) on up to 64 pages spread
+ * over it; -1 when the kernel says nothing (no pages yet, move_pages refused). */
+int coll_numa_pages_node(const void *addr, size_t len) {
+  enum { SAMPLES = 64, NODES = 1024 };
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t first = (uintptr_t)addr / page * page;
+  size_t npages = ((uintptr_t)addr + len - first + page - 1) / page;
+  size_t n = npages < SAMPLES ? npages : SAMPLES;
+  void *pages[SAMPLES];
+  int status[SAMPLES];
+  int count[NODES] = {0};
+  if (n == 0)
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    pages[i] = (void *)(first + i * (npages / n) * page);
+  if (syscall(SYS_move_pages, 0, (unsigned long)n, pages, NULL, status, 0) != 0)
+    return -1;
+  int best = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (status[i] < 0 || status[i] >= NODES)
+      continue;
+    if (++count[status[i]] > (best < 0 ? 0 : count[best]))
+      best = status[i];
+  }
+  return best;
+}
+
+int coll_numa_pool_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p, int *node_p) {
+  int rc = coll_numa_scratch_alloc(ctx, size, ptr_p);
+  if (rc)
+    return rc;
+  memset(*ptr_p, 0, size); /* every page placed now, and a new buffer reads as zeros */
+  *node_p = coll_numa_pages_node(*ptr_p, size);
+  return 0;
 }

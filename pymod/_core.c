@@ -507,11 +507,13 @@ static int hb_exec(PyObject *m) {
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
-  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType)
+  st->PoolMemoryType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_pool_memory_spec, NULL);
+  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType ||
+      !st->PoolMemoryType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
-      PyModule_AddType(m, st->BridgeType) < 0)
+      PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -531,6 +533,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->ArenaBufferType);
   Py_VISIT(st->PlacementType);
   Py_VISIT(st->BridgeType);
+  Py_VISIT(st->PoolMemoryType);
   return 0;
 }
 
@@ -542,6 +545,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->ArenaBufferType);
   Py_CLEAR(st->PlacementType);
   Py_CLEAR(st->BridgeType);
+  Py_CLEAR(st->PoolMemoryType);
   return 0;
 }
 

@@ -11,7 +11,8 @@
 
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
-  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType, *BridgeType;
+  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType, *BridgeType,
+      *PoolMemoryType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -83,6 +84,7 @@ PyObject *hb_policy_words(PyObject *module, PyObject *unused);
 
 /* bridge.c */
 extern PyType_Spec hb_bridge_spec;
+extern PyType_Spec hb_pool_memory_spec;
 PyObject *hb_axpy(PyObject *m, PyObject *args);
 
 #endif

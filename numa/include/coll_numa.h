@@ -248,6 +248,15 @@ int coll_numa_scratch_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p);
 /* Free a scratch buffer with the size it was allocated with (NULL is fine). */
 void coll_numa_scratch_free(coll_numa_ctx_t *ctx, void *ptr, size_t size);
 
+/* A memory server's pool (hbmcoll-memserver): a scratch buffer (above) of size bytes, zeroed,
+ * so every page is placed before a client writes and a new buffer reads as zeros. *node_p: the
+ * node most of its pages landed on (coll_numa_pages_node). Free it with coll_numa_scratch_free. */
+int coll_numa_pool_alloc(coll_numa_ctx_t *ctx, size_t size, void **ptr_p, int *node_p);
+
+/* The node most of [addr, addr+len)'s pages sit on (move_pages(2) on up to 64 pages spread
+ * over it), or -1 when the kernel cannot say. */
+int coll_numa_pages_node(const void *addr, size_t len);
+
 /* Report of this context (as coll_numa_plan_render(), plus "notices": [..]
  * in JSON and a notices section in text): what hbmcoll.topology() shows.
  * Returns 0 and *text_p (malloc'ed), or -ENOMEM. */

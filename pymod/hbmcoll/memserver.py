@@ -1,10 +1,10 @@
 """hbmcoll-memserver: a memory server for remote shared buffers (Soft Memory Box's design).
 
-    hbmcoll-memserver --listen ADDR:PORT --token-file FILE [--capacity SIZE] [--memory auto|ddr]
+    hbmcoll-memserver --listen ADDR:PORT --token-file FILE [--capacity SIZE] [--memory auto|hbm|ddr]
     python -m hbmcoll.memserver ...
 
-The server registers one pool with the NIC (a bridge endpoint, libfabric) and serves named
-buffers out of it to clients (hbmcoll.RemoteBuffer) that present the job's token.
+The server places one pool by the node's plan (in HBM, through memkind, where the node has it),
+registers it with the NIC (a bridge endpoint, libfabric) and serves named buffers out of it to clients (hbmcoll.RemoteBuffer) that present the job's token.
 
 Control, over TCP (one connection per client, length-prefixed JSON): the server's nonce; the
 client's proof (HMAC-SHA256 of the nonce under the token) and endpoint card; the server's card
@@ -60,12 +60,13 @@ class Client:
 
 
 class Server:
-    def __init__(self, host, port, token, capacity, iface=None, max_clients=64):
+    def __init__(self, host, port, token, capacity, iface=None, max_clients=64, memory="auto"):
         from . import _core
         from .layout import iface_to
         self.token, self.capacity = token, capacity
         self.iface = iface or iface_to(host)
-        self.ep = _core.Bridge(self.iface, capacity + max_clients * 2 * SLOT_BYTES)
+        self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
+        self.ep = _core.Bridge(self.iface, pool=self.memory)
         self.pool = np.frombuffer(self.ep.pool(), np.uint8)
         self.axpy = _core.axpy
         self.free_slots = list(range(max_clients))[::-1]
@@ -79,8 +80,7 @@ class Server:
 
     def describe(self):
         return (f"hbmcoll-memserver: {self.capacity} bytes for buffers at {self.listener.getsockname()[0]}:"
-                f"{self.listener.getsockname()[1]}, in DDR (HBM placement of the pool is not built yet), "
-                f"bridge: {self.ep.describe()}")
+                f"{self.listener.getsockname()[1]}, {self.where}, bridge: {self.ep.describe()}")
 
     # -- control --------------------------------------------------------------------------------
     def _accept(self):
@@ -299,6 +299,29 @@ class Server:
         self.ep.close()
 
 
+def placed_pool(memory, nbytes):
+    """(where, the pool's memory): nbytes placed as this node's plan says (numa/: HBM through
+    memkind or mbind where the node has it, DDR else), or in DDR (memory "ddr"); "hbm" refuses
+    a node without HBM. where: one phrase, e.g. "in HBM (node 4)", with the plan's notice."""
+    from . import _core
+    if memory == "ddr":
+        os.environ["HBMCOLL_MEMORY"] = "ddr"
+    elif memory == "hbm" and os.environ.get("HBMCOLL_MEMORY", "auto") in ("auto", "ddr"):
+        os.environ["HBMCOLL_MEMORY"] = "hbm_preferred"
+    try:
+        placement = _core.Placement(0, 1)
+    except ValueError as exc:
+        raise SystemExit(f"hbmcoll-memserver: {exc}") from None
+    plan = json.loads(placement.report(True))
+    hbm, notice = plan.get("hbm_nodes") or [], placement.notice.removeprefix("hbmcoll: ")
+    if memory == "hbm" and not hbm:
+        raise SystemExit(f"hbmcoll-memserver: --memory hbm: {notice}; use --memory auto (DDR here) or ddr")
+    pool = _core.PoolMemory(placement, nbytes)
+    kind = "HBM" if pool.node in hbm and os.environ.get("HBMCOLL_MEMORY") != "ddr" else "DDR"
+    why = f": {notice}" if notice and not notice.startswith("buffers in") else ""
+    return f"pool in {kind} (node {pool.node}){why}", pool
+
+
 def start_beside(k, host, ports, token, capacity="1G"):
     """k servers as child processes on host (ports: k numbers, 0 for a free one), each ready (its
     line printed) before this returns: (processes, "host:port,...", stop()). hbmcoll-run's
@@ -333,7 +356,7 @@ def start_beside(k, host, ports, token, capacity="1G"):
                                  stderr=subprocess.PIPE, text=True)
             procs.append(p)
             line = p.stderr.readline()
-            if not line.startswith("hbmcoll-memserver:"):
+            if " bytes for buffers at " not in line:
                 raise SystemExit(f"hbmcoll-run: a memory server at {host}:{port} did not start: {line.strip()}"
                                  f"{p.stderr.read()[-2000:]}")
             sys.stderr.write(line)
@@ -358,15 +381,15 @@ def main(argv=None):
     ap.add_argument("--listen", required=True, help="ADDR:PORT to serve at")
     ap.add_argument("--token-file", required=True, help="a file holding the job's token")
     ap.add_argument("--capacity", default="1G", help="bytes for buffers (default 1G)")
-    ap.add_argument("--memory", default="auto", choices=("auto", "ddr", "hbm"))
+    ap.add_argument("--memory", default="auto", choices=("auto", "ddr", "hbm"),
+                    help="the pool's memory: auto (HBM where the node has it, else DDR), ddr, or hbm (refused "
+                         "without HBM)")
     ap.add_argument("--iface", help="the bridge's interface (default: the one holding the listen address)")
     a = ap.parse_args(argv)
     host, _, port = a.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT")
-    if a.memory == "hbm":
-        raise SystemExit("hbmcoll-memserver: --memory hbm: placing the pool in HBM is not built yet; use auto or ddr")
-    server = Server(host, int(port), read_token(a.token_file), parse_size(a.capacity), a.iface)
+    server = Server(host, int(port), read_token(a.token_file), parse_size(a.capacity), a.iface, memory=a.memory)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stopping", True))
     print(server.describe(), file=sys.stderr, flush=True)
     try:

@@ -16,9 +16,9 @@
  * expected node of every buffer is computed independently from sysfs (HBM node
  * of a cluster = the nearest memory-only node by SLIT distance; none: the
  * cluster's own DDR node) and compared with the plan (coll_numa_ctx_report)
- * and with the kernel (move_pages, status mode). Prints one PASS/FAIL line per
- * check and a final "N passed, N failed" line (also appended as "N N" to the
- * file KNL_CHECK_TALLY names, if any); exit status 1 on any failure.
+ * and with the kernel (move_pages, status mode), as is a memory server's pool.
+ * Prints one PASS/FAIL line per check and a final "N passed, N failed" line (also
+ * appended as "N N" to the file KNL_CHECK_TALLY names); exit status 1 on any failure.
  * Honours HBMCOLL_BIND (core, cluster, none) and HBMCOLL_MEMORY (ddr, hbm_bind:
  * then every placement must be a strict MPOL_BIND when the arena is small).
  * Self-test of the harness: KNL_CHECK_STALL=R makes rank R hang before the final
@@ -512,6 +512,13 @@ static int run_rank(int me, int P, const knl_mode_t *m, const char *job_key) {
     char what[96];
     snprintf(what, sizeof what, "rank %d's arena part, first touched by this rank", peer);
     check_pages(what, p, tail, pwant);
+  }
+  void *pool = NULL; /* a memory server's pool (hbmcoll-memserver): where this rank's buffers go */
+  int pnode = -1;
+  if (me == 0 && check(coll_numa_pool_alloc(ctx, 8 << 20, &pool, &pnode) == 0, "memory server pool allocated")) {
+    check_pages("memory server pool", pool, 8 << 20, mem_want);
+    check(pnode == mem_want, "the memory server pool says node %d (want %d)", pnode, mem_want);
+    coll_numa_scratch_free(ctx, pool, 8 << 20);
   }
   const char *stall = getenv("KNL_CHECK_STALL"); /* self-test: this rank hangs here */
   if (stall && *stall && atoi(stall) == me) {

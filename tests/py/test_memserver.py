@@ -160,6 +160,26 @@ print("done")
 """
 
 
+def test_the_pool_goes_where_the_plan_says_and_the_line_says_where(tmp_path):
+    """HBM named by HBMCOLL_HBM_NODES (this host has none): the pool lands there and the server's
+    line says so; --memory ddr keeps it in DDR; --memory hbm on a node without HBM is refused in
+    one line. (The QEMU guests check the pages of the same allocation in each KNL mode.)"""
+    (tmp_path / "token").write_text(TOKEN)
+    argv = [sys.executable, "-m", "hbmcoll.memserver", "--token-file", str(tmp_path / "token"), "--capacity", "4M"]
+    for extra, memory, want in [({"HBMCOLL_HBM_NODES": "0"}, "auto", "pool in HBM (node 0)"),
+                                ({"HBMCOLL_HBM_NODES": "0"}, "ddr", "pool in DDR (node 0)"),
+                                ({}, "auto", "pool in DDR (node 0): no HBM")]:
+        env = dict(ENV, HBMCOLL_QUIET="1", **extra)
+        p = subprocess.Popen(argv + ["--listen", f"127.0.0.1:{_free_port()}", "--memory", memory],
+                             stderr=subprocess.PIPE, text=True, env=env)
+        line = p.stderr.readline()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0 and want in line, line
+    p = subprocess.run(argv + ["--listen", f"127.0.0.1:{_free_port()}", "--memory", "hbm"], capture_output=True,
+                       text=True, env=ENV, timeout=60)
+    assert p.returncode != 0 and p.stderr.count("\n") == 1 and "--memory hbm: no HBM" in p.stderr, p.stderr
+
+
 def test_the_lock_excludes_under_contention(servers):
     addrs = servers(1)
     hbmcoll.RemoteBuffer("k", (1,), "int32", servers=addrs, token=TOKEN).write(np.zeros(1, np.int32))
