@@ -54,6 +54,8 @@ if lib == "hbmcoll":
     rank, push, pull = int(os.environ["W"]), (lambda: rb.accumulate(grad)), (lambda: rb.read(out=params))
     done = lambda comm: print("comm %d %.6f" % (rank, comm / iters), flush=True)
 else:
+    import mpi4py
+    mpi4py.rc.finalize = False  # MPICH 4.0 over UCX tcp hung in MPI_Finalize at 4 workers, after the work
     from mpi4py import MPI
     w = MPI.COMM_WORLD
     rank = w.Get_rank()
@@ -63,7 +65,7 @@ else:
             w.Recv(buf, source=MPI.ANY_SOURCE, tag=1, status=st)
             ps += buf
             w.Send(ps, dest=st.Get_source(), tag=2)
-        w.Barrier()  # everyone's last message is in before MPI_Finalize (without it hydra hung at the end)
+        w.Barrier()  # everyone's last message is in before the ranks exit
         raise SystemExit(0)
     push, pull = (lambda: w.Send(grad, dest=0, tag=1)), (lambda: w.Recv(params, source=0, tag=2))
     done = lambda comm: (print("comm %d %.6f" % (rank, comm / iters), flush=True), w.Barrier())
