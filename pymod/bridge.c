@@ -277,6 +277,12 @@ static double bridge_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A poll spins this long after its start, then naps between looks: a memory server and its
+ * clients wait on each other, and a spinning waiter would take the core the other needs where
+ * processes outnumber cores (a training job, its server and the framework's threads). */
+#define POLL_SPIN_S 100e-6
+#define POLL_NAP_NS 50000
+
 /* poll(timeout): a peer's note, or None once timeout seconds passed without one (0: look once). */
 static PyObject *bridge_poll(hb_bridge_t *self, PyObject *args) {
   double timeout = 0;
@@ -286,11 +292,14 @@ static PyObject *bridge_poll(hb_bridge_t *self, PyObject *args) {
   int rc;
   self->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  double until = bridge_now() + timeout;
+  double start = bridge_now(), until = start + timeout;
   unsigned spins = 0;
   while ((rc = coll__net_poll(self->net, &note, err, sizeof err)) == 0) {
-    coll__net_idle(++spins);
-    if ((spins & 255) == 0 && (bridge_now() > until || coll__net_interrupted(self->net))) break;
+    ++spins;
+    if ((spins & 15) != 0) continue;
+    double now = bridge_now();
+    if (now > until || ((spins & 255) == 0 && coll__net_interrupted(self->net))) break;
+    if (now - start > POLL_SPIN_S) nanosleep(&(struct timespec){0, POLL_NAP_NS}, NULL);
   }
   Py_END_ALLOW_THREADS
   self->busy = 0;

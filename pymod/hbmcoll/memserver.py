@@ -268,21 +268,16 @@ class Server:
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self):
-        idle = 0
         while not self.stopping:
             for key, _ in self.sel.select(timeout=0):
                 if key.data is None:
                     self._accept()
                 else:
                     self._control(key.data)
-            note = self.ep.poll(0.002 if idle < 200 else 0)
+            note = self.ep.poll(0.002)  # naps between looks after a short spin (bridge.c)
             if note is not None:
                 self._note(note)
-                idle = 0
                 continue
-            idle += 1
-            if idle >= 200:  # nothing for a while: sleep between looks instead of spinning a core
-                time.sleep(0.0005)
             for buf in self.buffers.values():
                 if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
                     self._grant(buf)

@@ -41,6 +41,9 @@ class ParameterSharing:
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float32)
         self.shared = None
         self._gather()
+        self._as_views()  # the parameters live in flat from here on: no gather or scatter per step
+        self.before, self.change = torch.empty_like(self.flat), torch.empty_like(self.flat)
+        self.grads = torch.empty_like(self.flat) if self.group is not None and self.group.size > 1 else None
         if self.sharer:
             self.shared = SharedParameters(len(self.flat), servers, token, name, staleness, timeout)
             self.shared.start(self.flat)
@@ -56,32 +59,33 @@ class ParameterSharing:
     def _gather(self):
         torch.cat([p.detach().reshape(-1) for p in self.params], out=self.flat)
 
+    def _as_views(self):
+        at = 0
+        for p in self.params:  # the optimizer holds the Parameter objects, which stay
+            p.data = self.flat[at:at + p.numel()].view_as(p)
+            at += p.numel()
+
     def _scatter(self):
-        with torch.no_grad():
-            at = 0
-            for p in self.params:
-                p.copy_(self.flat[at:at + p.numel()].view_as(p))
-                at += p.numel()
+        """flat is the parameters already (their storage): nothing to copy."""
 
     def step(self):
         """In place of optimizer.step(), after backward()."""
         if self.group is not None and self.group.size > 1:  # hybrid: the group averages first
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.group.allreduce(flat, op="avg")
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
+                      out=self.grads)
+            self.group.allreduce(self.grads, op="avg")
             at = 0
-            for p in self.params:
-                p.grad = flat[at:at + p.numel()].view_as(p).clone()
+            for p in self.params:  # views of the averaged gradients, until the next backward
+                p.grad = self.grads[at:at + p.numel()].view_as(p)
                 at += p.numel()
-        self._gather()
-        before = self.flat.clone()
+        if self.sharer:
+            self.before.copy_(self.flat)
         self.optimizer.step()
         if self.sharer:
-            self._gather()
-            self.shared.push_pull(self.flat - before, self.flat)
+            torch.sub(self.flat, self.before, out=self.change)
+            self.shared.push_pull(self.change, self.flat)
         if self.group is not None:
             self.group.bcast(self.flat, root=0)
-        self._scatter()
 
     def finish(self):
         """This worker trains no more: the others stop waiting for it (with a staleness bound)."""
