@@ -3,8 +3,8 @@ messages over TCP (length-prefixed JSON, the token's proof) and the data request
 
 A data request is written one-sided into the client's request slot in the server's pool: a
 64-byte head (HEAD), then its bytes. Its note names the client. The server's answer is written
-into the client's pool at reply_to: the buffer's version (8 bytes), then for a read its bytes;
-its note is (status << 28) | the request's number.
+into the client's pool at reply_to: REPLY (the buffer's version, and how many whole writes it
+took), then for a read its bytes; its note is (status << 28) | the request's number.
 """
 import hashlib
 import hmac
@@ -13,6 +13,7 @@ import struct
 
 HEAD = struct.Struct("<IIQQQdQ")  # magic, op | flags, buffer id, offset, length, alpha, number
 HEAD_BYTES = 64
+REPLY = struct.Struct("<QQ")       # version (writes and accumulates), whole writes
 MAGIC = 0x53424D48                 # "HMBS"
 WRITE, ACCUMULATE, READ = 1, 2, 3
 FIRST, LAST = 1 << 8, 1 << 9

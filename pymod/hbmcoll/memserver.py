@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from .memproto import (ACCUMULATE, ALIGN, DTYPES, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
-                       REFUSED, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
+                       REFUSED, REPLY, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
 
 REPLY_S = 10.0  # a client that takes no answer for this long (stopped, wedged) is dropped
 
@@ -44,7 +44,7 @@ class Buffer:
     def __init__(self, bid, name, shape, dtype, base, nbytes):
         self.id, self.name, self.shape, self.dtype = bid, name, shape, dtype
         self.base, self.nbytes = base, nbytes
-        self.version = 0
+        self.version, self.writes = 0, 0         # updates; whole writes (a striped read compares them)
         self.holder = None                    # the client whose chunked request holds it
         self.parked = collections.deque()     # (client, head) waiting for the holder
         self.lock_holder, self.lease_until = None, 0.0
@@ -223,14 +223,14 @@ class Server:
         buf, op = self.buffers.get(bid), opf & 0xFF
         data = client.slot + HEAD_BYTES
         if (magic != MAGIC or buf is None or op not in (WRITE, ACCUMULATE, READ) or off + length > buf.nbytes
-                or length > SLOT_BYTES - HEAD_BYTES or (op == READ and length + 8 > SLOT_BYTES)):
+                or length > SLOT_BYTES - HEAD_BYTES or (op == READ and length + REPLY.size > SLOT_BYTES)):
             return self._refuse(client, buf, number)
         if buf.holder is not None and buf.holder is not client:
             buf.parked.append((client, head))  # after the holder's last chunk
             return
         if op == READ:
-            self.pool[client.reply:client.reply + 8] = np.frombuffer(struct.pack("<Q", buf.version), np.uint8)
-            self.pool[client.reply + 8:client.reply + 8 + length] = self.pool[buf.base + off:buf.base + off + length]
+            at = client.reply + REPLY.size
+            self.pool[at:at + length] = self.pool[buf.base + off:buf.base + off + length]
         elif op == WRITE:
             self.pool[buf.base + off:buf.base + off + length] = self.pool[data:data + length]
         else:
@@ -242,9 +242,9 @@ class Server:
         buf.holder = None if opf & LAST else client
         if opf & LAST and op != READ:
             buf.version += 1
-        if op != READ:
-            self.pool[client.reply:client.reply + 8] = np.frombuffer(struct.pack("<Q", buf.version), np.uint8)
-        self._reply(client, number, OK, 8 + (length if op == READ else 0))
+            buf.writes += op == WRITE
+        REPLY.pack_into(self.pool, client.reply, buf.version, buf.writes)
+        self._reply(client, number, OK, REPLY.size + (length if op == READ else 0))
         if buf.holder is None:
             self._unpark(buf)
 
@@ -252,7 +252,7 @@ class Server:
         if buf is not None and buf.holder is client:  # a chunked request ends here
             buf.holder = None
             self._unpark(buf)
-        self._reply(client, number, REFUSED, 8)
+        self._reply(client, number, REFUSED, REPLY.size)
 
     def _reply(self, client, number, status, nbytes):
         try:

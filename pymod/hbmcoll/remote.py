@@ -11,13 +11,13 @@ proves the token, and a bridge endpoint (libfabric) whose pool stages the reques
 replies. NumPy arrays, torch CPU tensors and hbmcoll.empty arrays go in as they are; their
 bytes are copied once into the pool (the endpoint's registered memory).
 
-A read of one server's part never mixes two writes (the server applies a request whole, chunks
-and all, before the next); parts on different servers are read one after the other.
+A read never mixes two writes: a server applies a request whole, chunks and all, before the
+next; a striped buffer's writes hold its lock, and its read is repeated until every part shows
+as many whole writes (accumulates may land between the parts' reads: they add up alike).
 """
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
 
@@ -93,6 +93,7 @@ class _Connection:
         self.number = 0
         self.lock = threading.Lock()      # the data path: one request at a time
         self.ctl_lock = threading.Lock()  # the control connection: one exchange at a time
+        self.local_locks = {}             # buffer id -> [this process's lock of it, depth] (_Lock)
 
     def _recv(self):
         try:
@@ -122,7 +123,8 @@ class _Connection:
                 self.sock.settimeout(self.timeout or None)
 
     def request(self, op, bid, off, length, src=None, alpha=0.0, flags=ms.FIRST | ms.LAST, dst=None):
-        """One request of at most a slot; its reply's version. src: bytes to send; dst: where a read's land."""
+        """One request of at most a slot; its reply's (version, whole writes). src: bytes to send;
+        dst: where a read's land."""
         with self.lock:
             self.number = (self.number + 1) & ms.NUMBER
             ms.HEAD.pack_into(self.pool, 0, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
@@ -141,8 +143,9 @@ class _Connection:
                 raise ArgumentError(f"the memory server at {self.addr} refused the request (outside the buffer, "
                                     "or an accumulate its dtype cannot take)")
             if dst is not None:
-                dst[:] = self.pool[ms.SLOT_BYTES + 8:ms.SLOT_BYTES + 8 + length]
-            return struct.unpack_from("<Q", self.pool, ms.SLOT_BYTES)[0]
+                at = ms.SLOT_BYTES + ms.REPLY.size
+                dst[:] = self.pool[at:at + length]
+            return ms.REPLY.unpack_from(self.pool, ms.SLOT_BYTES)
 
     def close(self):
         try:
@@ -199,9 +202,10 @@ class RemoteBuffer:
         return f"<hbmcoll RemoteBuffer {self.name!r} {self.shape} {self.dtype} on {len(self._parts)} server(s)>"
 
     def _each_chunk(self, op, raw, alpha=0.0):
-        """op over raw (this buffer's bytes), part by part, in chunks of a slot."""
-        step = ms.SLOT_BYTES - ms.HEAD_BYTES - 8
-        version = None
+        """op over raw (this buffer's bytes), part by part, in chunks of a slot: each part's
+        (version, whole writes) after it."""
+        step = ms.SLOT_BYTES - ms.HEAD_BYTES
+        got = []
         for conn, bid, lo, hi in self._parts:
             if hi == lo:
                 v = conn.request(ms.READ, bid, 0, 0)
@@ -213,8 +217,27 @@ class RemoteBuffer:
                     v = conn.request(op, bid, off, n, flags=flags, dst=piece)
                 else:
                     v = conn.request(op, bid, off, n, src=piece, alpha=alpha, flags=flags)
-            version = v if version is None else min(version, v)
-        return version
+            got.append(v)
+        return got
+
+    def _write_whole(self, raw):
+        """A write; striped, it holds the buffer's lock (reentrant, for a holder of rb.lock()), so writes reach every part in one order and a read can tell a torn mix (_read_whole)."""
+        if len(self._parts) == 1:
+            return self._each_chunk(ms.WRITE, raw)
+        with self.lock(timeout=self._parts[0][0].timeout, lease=max(ms.LEASE_S, self._parts[0][0].timeout or 0)):
+            return self._each_chunk(ms.WRITE, raw)
+
+    def _read_whole(self, raw):
+        """A read; striped, again until every part shows as many whole writes: one that ran
+        between two parts' reads shows in one count and not the other."""
+        until = time.monotonic() + (self._parts[0][0].timeout or 300)
+        while True:
+            got = self._each_chunk(ms.READ, raw)
+            if len({w for _, w in got}) == 1:
+                return
+            if time.monotonic() > until:
+                raise TimeoutError(f"RemoteBuffer {self.name!r}: no read between writes within the timeout "
+                                   "(the striped parts kept changing)")
 
     def _check(self, a):
         raw = _raw(a)
@@ -239,21 +262,21 @@ class RemoteBuffer:
         raw = _raw(out)
         if raw.size != self.nbytes or (not _is_numpy(out) and not out.is_contiguous()):
             raise ArgumentError(f"read: out must be contiguous and hold {self.nbytes} bytes")
-        return (lambda: (self._each_chunk(ms.READ, raw), out)[1]), out
+        return (lambda: (self._read_whole(raw), out)[1]), out
 
     def write(self, a):
         """The buffer's contents become a's."""
         raw = self._check(a)
-        return self._calls.call(lambda: self._each_chunk(ms.WRITE, raw))
+        self._calls.call(lambda: self._write_whole(raw))
 
     def iwrite(self, a):
         raw = self._check(a)
-        return self._calls.start(lambda: self._each_chunk(ms.WRITE, raw), None)
+        return self._calls.start(lambda: self._write_whole(raw), None)
 
     def accumulate(self, a, alpha=1.0):
         """buffer += alpha * a, applied by the server (no update is lost to a concurrent one)."""
         raw = self._check(a)
-        return self._calls.call(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)))
+        self._calls.call(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)))
 
     def iaccumulate(self, a, alpha=1.0):
         raw = self._check(a)
@@ -262,7 +285,7 @@ class RemoteBuffer:
     @property
     def version(self):
         """How many writes and accumulates the buffer has taken (on its least updated server)."""
-        return self._calls.call(lambda: min(conn.request(ms.READ, bid, 0, 0) for conn, bid, _, _ in self._parts))
+        return self._calls.call(lambda: min(conn.request(ms.READ, bid, 0, 0)[0] for conn, bid, _, _ in self._parts))
 
     def lock(self, timeout=None, lease=None):
         """with rb.lock(timeout=5): ... -- the buffer's lock (on its first server), held for a lease
@@ -271,25 +294,46 @@ class RemoteBuffer:
 
 
 class _Lock:
+    """The server grants a lock to a connection, which this process's threads share: a thread
+    first takes the process's own lock of the buffer (reentrant: a holder's striped write takes
+    it again), and the outermost holder takes and gives back the server's."""
+
     def __init__(self, rb, timeout, lease):
         self.rb, self.timeout, self.lease = rb, timeout, lease
+        self.conn, self.bid = rb._parts[0][:2]
 
     def __enter__(self):
-        conn, bid = self.rb._parts[0][:2]
-        try:
-            got = conn.control({"op": "lock", "id": bid, "lease": self.lease}, timeout=self.timeout)
-        except TimeoutError:
-            conn.control({"op": "cancel", "id": bid}, until_key="cancelled")  # a late grant is dropped
-            raise TimeoutError(f"RemoteBuffer {self.rb.name!r}: the lock was not free within {self.timeout} s") from None
-        if "error" in got:
-            raise Error(f"RemoteBuffer {self.rb.name!r}: lock: {got['error']}")
+        conn, bid = self.conn, self.bid
+        with conn.ctl_lock:
+            local = conn.local_locks.setdefault(bid, [threading.RLock(), 0])
+        if not local[0].acquire(timeout=-1 if self.timeout is None else self.timeout):
+            raise TimeoutError(f"RemoteBuffer {self.rb.name!r}: the lock was not free within {self.timeout} s")
+        if local[1] == 0:
+            try:
+                got = conn.control({"op": "lock", "id": bid, "lease": self.lease}, timeout=self.timeout)
+            except TimeoutError:
+                local[0].release()
+                conn.control({"op": "cancel", "id": bid}, until_key="cancelled")  # a late grant is dropped
+                raise TimeoutError(f"RemoteBuffer {self.rb.name!r}: the lock was not free within {self.timeout} s") from None
+            except BaseException:
+                local[0].release()
+                raise
+            if "error" in got:
+                local[0].release()
+                raise Error(f"RemoteBuffer {self.rb.name!r}: lock: {got['error']}")
+        local[1] += 1
         return self
 
     def __exit__(self, *exc):
-        conn, bid = self.rb._parts[0][:2]
-        got = conn.control({"op": "unlock", "id": bid})
-        if "error" in got and exc[0] is None:
-            raise Error(f"RemoteBuffer {self.rb.name!r}: unlock: {got['error']}")
+        local = self.conn.local_locks[self.bid]
+        local[1] -= 1
+        try:
+            if local[1] == 0:
+                got = self.conn.control({"op": "unlock", "id": self.bid})
+                if "error" in got and exc[0] is None:
+                    raise Error(f"RemoteBuffer {self.rb.name!r}: unlock: {got['error']}")
+        finally:
+            local[0].release()
 
 
 def new_token():

@@ -101,6 +101,30 @@ def test_a_buffer_striped_over_two_servers(servers):
     assert [p[2:] for p in rb._parts] == [(0, 150000 * 8), (150000 * 8, 300001 * 8)]
 
 
+STRIPED_WRITES = r"""
+import numpy as np, hbmcoll
+rb = hbmcoll.RemoteBuffer("sw", (1 << 18,), "int32", servers=addrs)   # 2 parts of 512 KiB
+if i == n - 1:  # the reader: every read is one writer's whole array, never half of each
+    for _ in range(150):
+        a = rb.read()
+        assert (a == a[0]).all(), ("torn read across the servers", np.unique(a))
+else:
+    for k in range(150):
+        rb.write(np.full(1 << 18, 10 * k + i, np.int32))
+    with rb.lock(timeout=30):  # a holder's own write takes the lock again (reentrant), no deadlock
+        rb.write(np.full(1 << 18, 7, np.int32))
+print("done")
+"""
+
+
+def test_writes_striped_over_two_servers_are_never_read_torn(servers):
+    """Two writers and a reader of a buffer striped over two servers: a read of part 0, then
+    part 1, could see two writes; the writes hold the buffer's lock and the read compares the
+    parts' counts of whole writes, again until they agree."""
+    outs = _clients(STRIPED_WRITES, 3, servers(2))
+    assert all(o.strip() == "done" for o in outs)
+
+
 ACCUMULATE = r"""
 import numpy as np, hbmcoll
 rb = hbmcoll.RemoteBuffer("c", (3 << 18,), "int32", servers=addrs)   # 3 MiB: 3 chunks a request
