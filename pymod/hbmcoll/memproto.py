@@ -1,8 +1,10 @@
 """The memory servers' protocol (memserver.py serves it, remote.py speaks it): the control
 messages over TCP (length-prefixed JSON, the token's proof) and the data requests' head.
 
-A data request is written one-sided into the client's request slot in the server's pool: a
-64-byte head (HEAD), then its bytes. Its note names the client. The server's answer is written
+A data request is written one-sided into a half of the client's request slot in the server's
+pool: a 64-byte head (HEAD), then its bytes. Its note names the client and the half (bit 16); a
+client keeps up to two requests in flight, numbered in order, and its reply comes back in the
+same half of its reply slot. The server's answer is written
 into the client's pool at reply_to: REPLY (the buffer's version, and how many whole writes it
 took), then for a read its bytes; its note is (status << 28) | the request's number.
 """
@@ -20,6 +22,7 @@ FIRST, LAST = 1 << 8, 1 << 9
 OK, REFUSED = 0, 1                 # a reply note's top 4 bits; the rest: the request's number
 NUMBER = (1 << 28) - 1
 SLOT_BYTES = 1 << 20               # each client's request slot and reply slot
+HALF = SLOT_BYTES // 2             # a slot holds two requests (or replies) in flight
 LEASE_S = 10.0                     # a lock's lease unless the client asks for another
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32")
 ALIGN = 4096

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from .memproto import (ACCUMULATE, ALIGN, DTYPES, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
+from .memproto import (ACCUMULATE, ALIGN, DTYPES, FIRST, HALF, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
                        REFUSED, REPLY, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
 
 REPLY_S = 10.0  # a client that takes no answer for this long (stopped, wedged) is dropped
@@ -46,7 +46,7 @@ class Buffer:
         self.base, self.nbytes = base, nbytes
         self.version, self.writes = 0, 0         # updates; whole writes (a striped read compares them)
         self.holder = None                    # the client whose chunked request holds it
-        self.parked = collections.deque()     # (client, head) waiting for the holder
+        self.parked = collections.deque()     # (client, head, half) waiting for the holder
         self.lock_holder, self.lease_until = None, 0.0
         self.lock_waiters = collections.deque()  # (client, lease)
 
@@ -57,6 +57,8 @@ class Client:
         self.reply = slot + SLOT_BYTES        # the reply slot, in the server's pool
         self.reply_to = 0                     # where replies land in the client's pool
         self.inbox = b""
+        self.expected = None                  # the number of its next request
+        self.early = {}                       # number -> (head, half): requests that overtook one
 
 
 class Server:
@@ -203,7 +205,7 @@ class Server:
         client.sock.close()
         self.free_slots.append(client.index)
         for buf in self.buffers.values():
-            buf.parked = collections.deque((c, h) for c, h in buf.parked if c is not client)
+            buf.parked = collections.deque(p for p in buf.parked if p[0] is not client)
             buf.lock_waiters = collections.deque((c, s) for c, s in buf.lock_waiters if c is not client)
             if buf.lock_holder is client:
                 buf.lock_holder = None
@@ -214,22 +216,36 @@ class Server:
 
     # -- data --------------------------------------------------------------------------------
     def _note(self, note):
-        client = self.clients.get(note & 0xFFFF)
-        if client is not None:
-            self._apply(client, HEAD.unpack_from(self.pool, client.slot))
+        """A request in half (note >> 16) of the client's slot: a client keeps two in flight, and
+        they are applied in the order of their numbers."""
+        client, half = self.clients.get(note & 0xFFFF), (note >> 16) & 1
+        if client is None:
+            return
+        head = HEAD.unpack_from(self.pool, client.slot + half * HALF)
+        client.early[head[-1]] = (head, half)
+        if len(client.early) > 2:  # more in flight than the protocol lets a client have
+            return self._drop(client)
+        if client.expected is None:
+            client.expected = head[-1]
+        while client.expected in client.early:
+            head, half = client.early.pop(client.expected)
+            client.expected = (client.expected + 1) & NUMBER
+            self._apply(client, head, half)
 
-    def _apply(self, client, head):
+    def _apply(self, client, head, half):
         magic, opf, bid, off, length, alpha, number = head
         buf, op = self.buffers.get(bid), opf & 0xFF
-        data = client.slot + HEAD_BYTES
+        data, reply = client.slot + half * HALF + HEAD_BYTES, client.reply + half * HALF
         if (magic != MAGIC or buf is None or op not in (WRITE, ACCUMULATE, READ) or off + length > buf.nbytes
-                or length > SLOT_BYTES - HEAD_BYTES or (op == READ and length + REPLY.size > SLOT_BYTES)):
-            return self._refuse(client, buf, number)
+                or length > HALF - HEAD_BYTES or (op == READ and length + REPLY.size > HALF)):
+            return self._refuse(client, buf, number, half)
         if buf.holder is not None and buf.holder is not client:
-            buf.parked.append((client, head))  # after the holder's last chunk
+            buf.parked.append((client, head, half))  # after the holder's last chunk
             return
+        if not opf & FIRST and buf.holder is not client:  # the request's earlier chunk was refused
+            return self._refuse(client, buf, number, half)
         if op == READ:
-            at = client.reply + REPLY.size
+            at = reply + REPLY.size
             self.pool[at:at + length] = self.pool[buf.base + off:buf.base + off + length]
         elif op == WRITE:
             self.pool[buf.base + off:buf.base + off + length] = self.pool[data:data + length]
@@ -238,33 +254,38 @@ class Server:
                 self.axpy(self.pool[buf.base + off:buf.base + off + length], self.pool[data:data + length], alpha,
                           buf.dtype)
             except Exception:  # an element count that does not divide, a fractional alpha on int32
-                return self._refuse(client, buf, number)
+                return self._refuse(client, buf, number, half)
         buf.holder = None if opf & LAST else client
         if opf & LAST and op != READ:
             buf.version += 1
             buf.writes += op == WRITE
-        REPLY.pack_into(self.pool, client.reply, buf.version, buf.writes)
-        self._reply(client, number, OK, REPLY.size + (length if op == READ else 0))
+        REPLY.pack_into(self.pool, reply, buf.version, buf.writes)
+        self._reply(client, number, OK, REPLY.size + (length if op == READ else 0), half)
         if buf.holder is None:
             self._unpark(buf)
 
-    def _refuse(self, client, buf, number):
+    def _refuse(self, client, buf, number, half):
         if buf is not None and buf.holder is client:  # a chunked request ends here
             buf.holder = None
             self._unpark(buf)
-        self._reply(client, number, REFUSED, REPLY.size)
+        self._reply(client, number, REFUSED, REPLY.size, half)
 
-    def _reply(self, client, number, status, nbytes):
+    def _reply(self, client, number, status, nbytes, half):
         try:
-            self.ep.write(client.peer, client.reply, client.reply_to, nbytes, (status << 28) | (number & NUMBER),
-                          REPLY_S)
+            self.ep.write(client.peer, client.reply + half * HALF, client.reply_to + half * HALF, nbytes,
+                          (status << 28) | (number & NUMBER), REPLY_S)
         except Exception:  # a client gone, or stopped so long that its answer cannot leave: served no more
             self._drop(client)
 
     def _unpark(self, buf):
-        while buf.holder is None and buf.parked:
-            client, head = buf.parked.popleft()
-            self._apply(client, head)
+        """The parked requests, in order: anyone's once the buffer is free, else the holder's next
+        chunk (its second request in flight may have parked behind its first)."""
+        while buf.parked:
+            mine = [p for p in buf.parked if buf.holder is None or p[0] is buf.holder][:1]
+            if not mine:
+                return
+            buf.parked.remove(mine[0])
+            self._apply(*mine[0])
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self):

@@ -90,8 +90,9 @@ class _Connection:
         self.slot, self.index = answer["slot"], answer["client"]
         self.ep.watch(self.sock.fileno(), f"the memory server at {addr}")
         self.pool = np.frombuffer(self.ep.pool(), np.uint8)
-        self.number = 0
-        self.lock = threading.Lock()      # the data path: one request at a time
+        self.number, self.half = 0, 0
+        self.replies = {}                 # request number -> status, of replies seen
+        self.lock = threading.Lock()      # the data path: one caller's requests at a time
         self.ctl_lock = threading.Lock()  # the control connection: one exchange at a time
         self.local_locks = {}             # buffer id -> [this process's lock of it, depth] (_Lock)
 
@@ -123,29 +124,60 @@ class _Connection:
                 self.sock.settimeout(self.timeout or None)
 
     def request(self, op, bid, off, length, src=None, alpha=0.0, flags=ms.FIRST | ms.LAST, dst=None):
-        """One request of at most a slot; its reply's (version, whole writes). src: bytes to send;
-        dst: where a read's land."""
+        """One request; its reply's (version, whole writes). src: bytes to send; dst: where a
+        read's land."""
+        return self.run([(op, bid, off, length, flags, src, dst, alpha)])
+
+    def run(self, requests):
+        """requests ((op, buffer id, offset, length, flags, src, dst, alpha), each of at most
+        half a slot) with two in flight: one travels while the server applies the other. The
+        last reply's (version, whole writes)."""
         with self.lock:
-            self.number = (self.number + 1) & ms.NUMBER
-            ms.HEAD.pack_into(self.pool, 0, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
-            if src is not None:
-                self.pool[ms.HEAD_BYTES:ms.HEAD_BYTES + length] = src
-            self.ep.write(self.peer, 0, self.slot, ms.HEAD_BYTES + (length if src is not None else 0), self.index,
-                          self.timeout or 0)
-            until = time.monotonic() + self.timeout if self.timeout else None
-            while True:
-                note = self.ep.poll(0.05)
-                if note is not None and note & ms.NUMBER == self.number:
-                    break
-                if until is not None and time.monotonic() > until:
-                    raise TimeoutError(f"the memory server at {self.addr} did not answer in {self.timeout} s")
-            if note >> 28 == ms.REFUSED:
+            flight, got, refused = [], None, False
+            for req in requests:
+                if len(flight) == 2:
+                    got, bad = self._reply(*flight.pop(0))
+                    refused = refused or bad
+                if not refused:
+                    flight.append(self._post(*req))
+            for f in flight:
+                got, bad = self._reply(*f)
+                refused = refused or bad
+            if refused:
                 raise ArgumentError(f"the memory server at {self.addr} refused the request (outside the buffer, "
                                     "or an accumulate its dtype cannot take)")
-            if dst is not None:
-                at = ms.SLOT_BYTES + ms.REPLY.size
-                dst[:] = self.pool[at:at + length]
-            return ms.REPLY.unpack_from(self.pool, ms.SLOT_BYTES)
+            return got
+
+    def _post(self, op, bid, off, length, flags, src, dst, alpha):
+        self.number = (self.number + 1) & ms.NUMBER
+        half, self.half = self.half, self.half ^ 1
+        at = half * ms.HALF
+        ms.HEAD.pack_into(self.pool, at, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
+        if src is not None:
+            self.pool[at + ms.HEAD_BYTES:at + ms.HEAD_BYTES + length] = src
+        try:
+            self.ep.write(self.peer, at, self.slot + at, ms.HEAD_BYTES + (length if src is not None else 0),
+                          self.index | (half << 16), self.timeout or 0)
+        except BaseException:  # not sent: the server must not wait for this number
+            self.number, self.half = (self.number - 1) & ms.NUMBER, half
+            raise
+        return self.number, half, length, dst
+
+    def _reply(self, number, half, length, dst):
+        """Request number's reply: ((version, whole writes), refused); a read's bytes into dst."""
+        until = time.monotonic() + self.timeout if self.timeout else None
+        while number not in self.replies:
+            note = self.ep.poll(0.05)
+            if note is not None:
+                self.replies[note & ms.NUMBER] = note >> 28
+            elif until is not None and time.monotonic() > until:
+                raise TimeoutError(f"the memory server at {self.addr} did not answer in {self.timeout} s")
+        at = ms.SLOT_BYTES + half * ms.HALF
+        if self.replies.pop(number) == ms.REFUSED:
+            return None, True
+        if dst is not None:
+            dst[:] = self.pool[at + ms.REPLY.size:at + ms.REPLY.size + length]
+        return ms.REPLY.unpack_from(self.pool, at), False
 
     def close(self):
         try:
@@ -202,22 +234,17 @@ class RemoteBuffer:
         return f"<hbmcoll RemoteBuffer {self.name!r} {self.shape} {self.dtype} on {len(self._parts)} server(s)>"
 
     def _each_chunk(self, op, raw, alpha=0.0):
-        """op over raw (this buffer's bytes), part by part, in chunks of a slot: each part's
+        """op over raw (this buffer's bytes), part by part, in chunks of half a slot: each part's
         (version, whole writes) after it."""
-        step = ms.SLOT_BYTES - ms.HEAD_BYTES
+        step = ms.HALF - ms.HEAD_BYTES
         got = []
         for conn, bid, lo, hi in self._parts:
-            if hi == lo:
-                v = conn.request(ms.READ, bid, 0, 0)
-            for off in range(0, hi - lo, step):
-                n = min(step, hi - lo - off)
-                flags = (ms.FIRST if off == 0 else 0) | (ms.LAST if off + n >= hi - lo else 0)
-                piece = raw[lo + off:lo + off + n]
-                if op == ms.READ:
-                    v = conn.request(op, bid, off, n, flags=flags, dst=piece)
-                else:
-                    v = conn.request(op, bid, off, n, src=piece, alpha=alpha, flags=flags)
-            got.append(v)
+            chunks = ((op, bid, off, min(step, hi - lo - off),
+                       (ms.FIRST if off == 0 else 0) | (ms.LAST if off + step >= hi - lo else 0),
+                       None if op == ms.READ else raw[lo + off:lo + min(off + step, hi - lo)],
+                       raw[lo + off:lo + min(off + step, hi - lo)] if op == ms.READ else None, alpha)
+                      for off in range(0, hi - lo, step))
+            got.append(conn.run(chunks) if hi > lo else conn.request(ms.READ, bid, 0, 0))
         return got
 
     def _write_whole(self, raw):

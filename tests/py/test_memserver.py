@@ -169,6 +169,11 @@ def test_refusals(servers):
     ri = hbmcoll.RemoteBuffer("ri", (4,), "int32", servers=addrs, token=TOKEN)
     with pytest.raises(hbmcoll.ArgumentError, match="refused the request"):
         ri.accumulate(np.ones(4, np.int32), alpha=0.5)  # int32 takes whole alphas only
+    big = hbmcoll.RemoteBuffer("rbig", (1 << 20,), "int32", servers=addrs, token=TOKEN)
+    with pytest.raises(hbmcoll.ArgumentError, match="refused the request"):
+        big.accumulate(np.ones(1 << 20, np.int32), alpha=0.5)  # 8 chunks, two in flight: the rest refused too
+    big.write(np.full(1 << 20, 3, np.int32))            # the buffer is not left held
+    assert (big.read() == 3).all() and big.version == 1
     rb.write(np.ones(10, np.float32))                   # still served
     assert np.array_equal(rb.read(), np.ones(10, np.float32)) and ri.version == 0
 
