@@ -508,12 +508,14 @@ static int hb_exec(PyObject *m) {
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
   st->PoolMemoryType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_pool_memory_spec, NULL);
+  st->MemServeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_memserve_spec, NULL);
   if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType ||
-      !st->PoolMemoryType)
+      !st->PoolMemoryType || !st->MemServeType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
-      PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0)
+      PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0 ||
+      PyModule_AddType(m, st->MemServeType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -534,6 +536,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->PlacementType);
   Py_VISIT(st->BridgeType);
   Py_VISIT(st->PoolMemoryType);
+  Py_VISIT(st->MemServeType);
   return 0;
 }
 
@@ -546,6 +549,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->PlacementType);
   Py_CLEAR(st->BridgeType);
   Py_CLEAR(st->PoolMemoryType);
+  Py_CLEAR(st->MemServeType);
   return 0;
 }
 

@@ -81,6 +81,10 @@ static void bridge_dealloc(hb_bridge_t *self) {
 }
 
 /* NULL with an error unless the endpoint is open and no other call is running. */
+/* The endpoint (NULL once closed), for the memory server's data path (memserve.c), which
+ * keeps the Bridge object alive. */
+coll__net_t *hb_bridge_net(PyObject *bridge) { return ((hb_bridge_t *)bridge)->net; }
+
 static int bridge_usable(hb_bridge_t *self) {
   if (self->net == NULL) {
     hb_raise(bridge_state((PyObject *)self), COLL_EABORTED, "the bridge is closed");

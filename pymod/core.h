@@ -12,7 +12,7 @@
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
   PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType, *BridgeType,
-      *PoolMemoryType;
+      *PoolMemoryType, *MemServeType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -85,6 +85,9 @@ PyObject *hb_policy_words(PyObject *module, PyObject *unused);
 /* bridge.c */
 extern PyType_Spec hb_bridge_spec;
 extern PyType_Spec hb_pool_memory_spec;
+extern PyType_Spec hb_memserve_spec;
+struct coll__net;
+struct coll__net *hb_bridge_net(PyObject *bridge);
 PyObject *hb_axpy(PyObject *m, PyObject *args);
 
 #endif

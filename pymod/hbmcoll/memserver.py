@@ -4,7 +4,8 @@
     python -m hbmcoll.memserver ...
 
 The server places one pool by the node's plan (in HBM, through memkind, where the node has it),
-registers it with the NIC (a bridge endpoint, libfabric) and serves named buffers out of it to clients (hbmcoll.RemoteBuffer) that present the job's token.
+registers it with the NIC (a bridge endpoint, libfabric) and serves named buffers out of it
+to clients (hbmcoll.RemoteBuffer) that present the job's token.
 
 Control, over TCP (one connection per client, length-prefixed JSON): the server's nonce; the
 client's proof (HMAC-SHA256 of the nonce under the token) and endpoint card; the server's card
@@ -12,13 +13,15 @@ and the client's two slots in the server's pool (requests in, replies out). Then
 first open of a name creates the buffer; a later one with another shape or dtype is refused),
 `lock` / `unlock` (a lock is held for a lease: a holder that dies or overruns it loses it).
 
-Data, one-sided: a client writes a request (a 64-byte head, then its bytes) into its request
-slot with a note naming it; the server applies it (write: copy; accumulate: y += alpha * x, in
-C without the GIL; read: copy out the buffer's bytes behind its version) and answers by writing
-into the client's pool with a note carrying the request's number and status. The server alone
-touches the buffers, one request at a time, and a request cut in chunks holds its buffer from
-its first chunk to its last (others wait), so no read sees a torn mix of two writes. Every
-request is checked against its buffer's bounds.
+Data, one-sided, in C without the GIL (_core.MemServe, pymod/memserve.c): a client writes a
+request (a 64-byte head, then its bytes) into a half of its request slot, two in flight, with a
+note naming it; the server applies it (write: copy; accumulate: y += alpha * x; read: copy out
+the buffer's bytes behind its version) and answers by writing into the client's pool with a
+note carrying the request's number and status. The server alone touches the buffers, one
+request at a time, and a request cut in chunks holds its buffer from its first chunk to its
+last (others wait), so no read sees a torn mix of two writes. Every request is checked against
+its buffer's bounds. This loop hands over to the control path whenever a socket stirs, and
+every 10 ms (lock leases, SIGTERM).
 """
 import argparse
 import collections
@@ -35,18 +38,12 @@ import time
 
 import numpy as np
 
-from .memproto import (ACCUMULATE, ALIGN, DTYPES, FIRST, HALF, HEAD, HEAD_BYTES, LAST, LEASE_S, MAGIC, NUMBER, OK, READ,
-                       REFUSED, REPLY, SLOT_BYTES, WRITE, proof, read_token, recv_msg, send_msg)
-
-REPLY_S = 10.0  # a client that takes no answer for this long (stopped, wedged) is dropped
+from .memproto import ALIGN, DTYPES, LEASE_S, SLOT_BYTES, proof, read_token, recv_msg, send_msg
 
 class Buffer:
     def __init__(self, bid, name, shape, dtype, base, nbytes):
         self.id, self.name, self.shape, self.dtype = bid, name, shape, dtype
         self.base, self.nbytes = base, nbytes
-        self.version, self.writes = 0, 0         # updates; whole writes (a striped read compares them)
-        self.holder = None                    # the client whose chunked request holds it
-        self.parked = collections.deque()     # (client, head, half) waiting for the holder
         self.lock_holder, self.lease_until = None, 0.0
         self.lock_waiters = collections.deque()  # (client, lease)
 
@@ -57,8 +54,6 @@ class Client:
         self.reply = slot + SLOT_BYTES        # the reply slot, in the server's pool
         self.reply_to = 0                     # where replies land in the client's pool
         self.inbox = b""
-        self.expected = None                  # the number of its next request
-        self.early = {}                       # number -> (head, half): requests that overtook one
 
 
 class Server:
@@ -69,8 +64,7 @@ class Server:
         self.iface = iface or iface_to(host)
         self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
         self.ep = _core.Bridge(self.iface, pool=self.memory)
-        self.pool = np.frombuffer(self.ep.pool(), np.uint8)
-        self.axpy = _core.axpy
+        self.data = _core.MemServe(self.ep, max_clients)
         self.free_slots = list(range(max_clients))[::-1]
         self.clients, self.buffers, self.by_name = {}, {}, {}
         self.used = 0
@@ -88,6 +82,7 @@ class Server:
     def _accept(self):
         sock, _ = self.listener.accept()
         sock.settimeout(10)
+        index = None
         try:
             nonce = secrets.token_bytes(16)
             send_msg(sock, {"nonce": nonce.hex()})
@@ -104,10 +99,14 @@ class Server:
             client = Client(index, sock, self.ep.add_peer(bytes.fromhex(hello["card"])),
                             self.capacity + index * 2 * SLOT_BYTES)
             client.reply_to = int(hello["reply_to"])
+            self.data.add_client(index, client.peer, client.slot, client.reply, client.reply_to)
             send_msg(sock, {"card": self.ep.card().hex(), "slot": client.slot, "slot_bytes": SLOT_BYTES,
                             "client": index})
         except (OSError, ValueError, KeyError, TypeError):
             sock.close()
+            if index is not None:  # its slot goes back
+                self.data.drop_client(index)
+                self.free_slots.append(index)
             return
         sock.setblocking(False)
         self.clients[index] = client
@@ -183,9 +182,10 @@ class Server:
                                                      f"{self.capacity - base} of {self.capacity} left"}
             self.used = base + nbytes
             buf = Buffer(len(self.buffers) + 1, name, shape, dtype, base, nbytes)
+            self.data.add_buffer(buf.id, base, nbytes, dtype)
             buf.whole = whole
             self.buffers[buf.id], self.by_name[name] = buf, buf
-        return {"id": buf.id, "nbytes": buf.nbytes, "version": buf.version}
+        return {"id": buf.id, "nbytes": buf.nbytes, "version": self.data.version(buf.id)[0]}
 
     def _grant(self, buf):
         if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
@@ -201,104 +201,28 @@ class Server:
         if self.clients.get(client.index) is not client:
             return
         del self.clients[client.index]
+        self.data.drop_client(client.index)
         self.sel.unregister(client.sock)
         client.sock.close()
         self.free_slots.append(client.index)
         for buf in self.buffers.values():
-            buf.parked = collections.deque(p for p in buf.parked if p[0] is not client)
             buf.lock_waiters = collections.deque((c, s) for c, s in buf.lock_waiters if c is not client)
             if buf.lock_holder is client:
                 buf.lock_holder = None
                 self._grant(buf)
-            if buf.holder is client:
-                buf.holder = None
-                self._unpark(buf)
-
-    # -- data --------------------------------------------------------------------------------
-    def _note(self, note):
-        """A request in half (note >> 16) of the client's slot: a client keeps two in flight, and
-        they are applied in the order of their numbers."""
-        client, half = self.clients.get(note & 0xFFFF), (note >> 16) & 1
-        if client is None:
-            return
-        head = HEAD.unpack_from(self.pool, client.slot + half * HALF)
-        client.early[head[-1]] = (head, half)
-        if len(client.early) > 2:  # more in flight than the protocol lets a client have
-            return self._drop(client)
-        if client.expected is None:
-            client.expected = head[-1]
-        while client.expected in client.early:
-            head, half = client.early.pop(client.expected)
-            client.expected = (client.expected + 1) & NUMBER
-            self._apply(client, head, half)
-
-    def _apply(self, client, head, half):
-        magic, opf, bid, off, length, alpha, number = head
-        buf, op = self.buffers.get(bid), opf & 0xFF
-        data, reply = client.slot + half * HALF + HEAD_BYTES, client.reply + half * HALF
-        if (magic != MAGIC or buf is None or op not in (WRITE, ACCUMULATE, READ) or off + length > buf.nbytes
-                or length > HALF - HEAD_BYTES or (op == READ and length + REPLY.size > HALF)):
-            return self._refuse(client, buf, number, half)
-        if buf.holder is not None and buf.holder is not client:
-            buf.parked.append((client, head, half))  # after the holder's last chunk
-            return
-        if not opf & FIRST and buf.holder is not client:  # the request's earlier chunk was refused
-            return self._refuse(client, buf, number, half)
-        if op == READ:
-            at = reply + REPLY.size
-            self.pool[at:at + length] = self.pool[buf.base + off:buf.base + off + length]
-        elif op == WRITE:
-            self.pool[buf.base + off:buf.base + off + length] = self.pool[data:data + length]
-        else:
-            try:
-                self.axpy(self.pool[buf.base + off:buf.base + off + length], self.pool[data:data + length], alpha,
-                          buf.dtype)
-            except Exception:  # an element count that does not divide, a fractional alpha on int32
-                return self._refuse(client, buf, number, half)
-        buf.holder = None if opf & LAST else client
-        if opf & LAST and op != READ:
-            buf.version += 1
-            buf.writes += op == WRITE
-        REPLY.pack_into(self.pool, reply, buf.version, buf.writes)
-        self._reply(client, number, OK, REPLY.size + (length if op == READ else 0), half)
-        if buf.holder is None:
-            self._unpark(buf)
-
-    def _refuse(self, client, buf, number, half):
-        if buf is not None and buf.holder is client:  # a chunked request ends here
-            buf.holder = None
-            self._unpark(buf)
-        self._reply(client, number, REFUSED, REPLY.size, half)
-
-    def _reply(self, client, number, status, nbytes, half):
-        try:
-            self.ep.write(client.peer, client.reply + half * HALF, client.reply_to + half * HALF, nbytes,
-                          (status << 28) | (number & NUMBER), REPLY_S)
-        except Exception:  # a client gone, or stopped so long that its answer cannot leave: served no more
-            self._drop(client)
-
-    def _unpark(self, buf):
-        """The parked requests, in order: anyone's once the buffer is free, else the holder's next
-        chunk (its second request in flight may have parked behind its first)."""
-        while buf.parked:
-            mine = [p for p in buf.parked if buf.holder is None or p[0] is buf.holder][:1]
-            if not mine:
-                return
-            buf.parked.remove(mine[0])
-            self._apply(*mine[0])
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self):
         while not self.stopping:
+            fds = [self.listener.fileno()] + [c.sock.fileno() for c in self.clients.values()]
+            for index in self.data.serve(fds, 0.01):  # the clients whose answers could not leave
+                if index in self.clients:
+                    self._drop(self.clients[index])
             for key, _ in self.sel.select(timeout=0):
                 if key.data is None:
                     self._accept()
                 else:
                     self._control(key.data)
-            note = self.ep.poll(0.002)  # naps between looks after a short spin (bridge.c)
-            if note is not None:
-                self._note(note)
-                continue
             for buf in self.buffers.values():
                 if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
                     self._grant(buf)

@@ -72,6 +72,16 @@ def _clients(code, n, addrs, **env):
     return [o for o, _ in outs]
 
 
+def test_the_c_data_path_speaks_memproto():
+    """The server's data path (pymod/memserve.c) and the clients' (memproto.py) agree on every number."""
+    from hbmcoll import _core
+    from hbmcoll import memproto as ms
+    got = _core.MemServe.protocol()
+    assert got == {"HEAD_BYTES": ms.HEAD_BYTES, "REPLY_BYTES": ms.REPLY.size, "HALF": ms.HALF, "MAGIC": ms.MAGIC,
+                   "FIRST": ms.FIRST, "LAST": ms.LAST, "NUMBER": ms.NUMBER, "WRITE": ms.WRITE,
+                   "ACCUMULATE": ms.ACCUMULATE, "READ": ms.READ, "HEAD_STRUCT_BYTES": ms.HEAD.size}
+
+
 def test_write_read_accumulate_and_version(servers):
     addrs = servers(1)
     rb = hbmcoll.RemoteBuffer("w", (1000, 700), "float32", servers=addrs, token=TOKEN)

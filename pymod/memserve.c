@@ -1,0 +1,349 @@
+/*
+ * memserve.c - hbmcoll._core.MemServe(bridge): a memory server's data path in C, without the
+ * GIL (memserver.py keeps the control path: tokens, opens, locks). Clients write requests
+ * one-sided into their slot of the bridge's pool, two in flight, each in a half named by its
+ * note; serve() applies them in the order of their numbers (write: copy; accumulate: y +=
+ * alpha * x; read: copy out behind the version) and answers into the same half of the
+ * client's reply slot. A request cut in chunks holds its buffer from its first chunk to its
+ * last; others park behind it, so no read sees a torn mix of two writes. The protocol is
+ * memproto.py's: protocol() gives the numbers for a test to compare.
+ */
+#include "core.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll_internal.h" /* coll__axpy */
+#include "net.h"
+
+enum { MS_HEAD_BYTES = 64, MS_REPLY_BYTES = 16, MS_HALF = 1 << 19, MS_WRITE = 1, MS_ACCUMULATE = 2, MS_READ = 3 };
+#define MS_MAGIC 0x53424D48u
+#define MS_FIRST (1u << 8)
+#define MS_LAST (1u << 9)
+#define MS_NUMBER ((1u << 28) - 1)
+#define MS_OK 0u
+#define MS_REFUSED 1u
+#define MS_REPLY_S 10.0   /* a reply that cannot leave for this long drops its client */
+#define MS_SPIN_S 100e-6  /* then nap between looks, as the bridge's poll does */
+
+typedef struct { /* memproto.HEAD, "<IIQQQdQ": 48 bytes, no padding */
+  uint32_t magic, opf;
+  uint64_t bid, off, length;
+  double alpha;
+  uint64_t number;
+} ms_head_t;
+
+typedef struct {
+  int client, half;
+  ms_head_t head;
+} ms_req_t;
+
+typedef struct {
+  int used, holder; /* holder: the client whose chunked request holds it, or -1 */
+  size_t base, nbytes;
+  coll_dtype_t dtype;
+  uint64_t version, writes;
+  ms_req_t *parked; /* waiting for the holder, in arrival order */
+  int nparked, cap;
+} ms_buf_t;
+
+typedef struct {
+  int used, peer, have_expected, nearly;
+  size_t slot, reply, reply_to;
+  uint64_t expected;
+  ms_req_t early[2]; /* requests that overtook the one expected */
+} ms_client_t;
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *bridge;
+  coll__net_t *net;
+  uint8_t *pool;
+  ms_client_t *clients;
+  int nclients;
+  ms_buf_t *bufs; /* by id */
+  int nbufs;
+  int *dropped; /* clients dropped by a failed reply, for Python to close */
+  int ndropped;
+} ms_t;
+
+static void ms_apply(ms_t *s, int c, const ms_head_t *h, int half);
+static void ms_unpark(ms_t *s, ms_buf_t *buf);
+
+static void ms_drop(ms_t *s, int c) {
+  ms_client_t *cl = &s->clients[c];
+  if (!cl->used) return;
+  cl->used = 0;
+  for (int b = 0; b < s->nbufs; b++) {
+    ms_buf_t *buf = &s->bufs[b];
+    int k = 0;
+    for (int i = 0; i < buf->nparked; i++)
+      if (buf->parked[i].client != c) buf->parked[k++] = buf->parked[i];
+    buf->nparked = k;
+  }
+  for (int b = 0; b < s->nbufs; b++)
+    if (s->bufs[b].used && s->bufs[b].holder == c) {
+      s->bufs[b].holder = -1;
+      ms_unpark(s, &s->bufs[b]);
+    }
+}
+
+static void ms_reply(ms_t *s, int c, uint64_t number, uint32_t status, size_t nbytes, int half) {
+  ms_client_t *cl = &s->clients[c];
+  char err[320];
+  coll__net_set_timeout(s->net, MS_REPLY_S);
+  size_t at = (size_t)half * MS_HALF;
+  if (coll__net_write(s->net, cl->peer, cl->reply + at, cl->reply_to + at, nbytes,
+                      (status << 28) | ((uint32_t)number & MS_NUMBER), NULL, err, sizeof err) != 0) {
+    if (s->ndropped <= s->nclients) s->dropped[s->ndropped++] = c; /* gone, or stopped so long that its answer cannot leave */
+    ms_drop(s, c);
+  }
+}
+
+/* The holder's next parked chunk, or anyone's once the buffer is free, in order. */
+static void ms_unpark(ms_t *s, ms_buf_t *buf) {
+  for (;;) {
+    int i = 0;
+    while (i < buf->nparked && buf->holder >= 0 && buf->parked[i].client != buf->holder) i++;
+    if (i == buf->nparked) return;
+    ms_req_t r = buf->parked[i];
+    memmove(buf->parked + i, buf->parked + i + 1, (size_t)(--buf->nparked - i) * sizeof r);
+    ms_apply(s, r.client, &r.head, r.half);
+  }
+}
+
+static void ms_refuse(ms_t *s, int c, ms_buf_t *buf, uint64_t number, int half) {
+  if (buf && buf->holder == c) { /* a chunked request ends here */
+    buf->holder = -1;
+    ms_unpark(s, buf);
+  }
+  if (s->clients[c].used) ms_reply(s, c, number, MS_REFUSED, MS_REPLY_BYTES, half);
+}
+
+static void ms_apply(ms_t *s, int c, const ms_head_t *h, int half) {
+  ms_client_t *cl = &s->clients[c];
+  ms_buf_t *buf = h->bid >= 1 && h->bid <= (uint64_t)s->nbufs && s->bufs[h->bid - 1].used ? &s->bufs[h->bid - 1] : NULL;
+  unsigned op = h->opf & 0xFF;
+  uint8_t *data = s->pool + cl->slot + (size_t)half * MS_HALF + MS_HEAD_BYTES;
+  uint8_t *reply = s->pool + cl->reply + (size_t)half * MS_HALF;
+  if (h->magic != MS_MAGIC || buf == NULL || op < MS_WRITE || op > MS_READ || h->length > MS_HALF - MS_HEAD_BYTES ||
+      h->off > buf->nbytes || h->length > buf->nbytes - h->off)
+    return ms_refuse(s, c, buf, h->number, half);
+  if (buf->holder >= 0 && buf->holder != c) { /* after the holder's last chunk */
+    if (buf->nparked == buf->cap) {
+      int cap = buf->cap ? 2 * buf->cap : 8;
+      ms_req_t *p = realloc(buf->parked, (size_t)cap * sizeof *p);
+      if (p == NULL) return ms_refuse(s, c, NULL, h->number, half);
+      buf->parked = p, buf->cap = cap;
+    }
+    buf->parked[buf->nparked++] = (ms_req_t){c, half, *h};
+    return;
+  }
+  if (!(h->opf & MS_FIRST) && buf->holder != c) /* the request's earlier chunk was refused */
+    return ms_refuse(s, c, buf, h->number, half);
+  uint8_t *y = s->pool + buf->base + h->off;
+  if (op == MS_READ) {
+    memcpy(reply + MS_REPLY_BYTES, y, h->length);
+  } else if (op == MS_WRITE) {
+    memcpy(y, data, h->length);
+  } else {
+    size_t es = coll_dtype_size(buf->dtype);
+    if (h->length % es || coll__axpy(buf->dtype, y, data, h->alpha, h->length / es) != 0)
+      return ms_refuse(s, c, buf, h->number, half); /* a part element; a fractional alpha on int32 */
+  }
+  buf->holder = h->opf & MS_LAST ? -1 : c;
+  if ((h->opf & MS_LAST) && op != MS_READ) {
+    buf->version++;
+    buf->writes += op == MS_WRITE;
+  }
+  memcpy(reply, &buf->version, 8);
+  memcpy(reply + 8, &buf->writes, 8);
+  ms_reply(s, c, h->number, MS_OK, MS_REPLY_BYTES + (op == MS_READ ? h->length : 0), half);
+  if (buf->holder < 0) ms_unpark(s, buf);
+}
+
+/* A client's note: its request goes in order of the numbers. */
+static void ms_note(ms_t *s, uint32_t note) {
+  int c = (int)(note & 0xFFFF), half = (int)((note >> 16) & 1);
+  if (c >= s->nclients || !s->clients[c].used) return;
+  ms_client_t *cl = &s->clients[c];
+  if (cl->nearly == 2) { /* more in flight than the protocol lets a client have */
+    if (s->ndropped <= s->nclients) s->dropped[s->ndropped++] = c;
+    return ms_drop(s, c);
+  }
+  ms_req_t *r = &cl->early[cl->nearly++];
+  r->client = c, r->half = half;
+  memcpy(&r->head, s->pool + cl->slot + (size_t)half * MS_HALF, sizeof r->head);
+  if (!cl->have_expected) cl->have_expected = 1, cl->expected = r->head.number;
+  for (int found = 1; found && cl->used;) {
+    found = 0;
+    for (int i = 0; i < cl->nearly; i++)
+      if (cl->early[i].head.number == cl->expected) {
+        ms_req_t go = cl->early[i];
+        cl->early[i] = cl->early[--cl->nearly];
+        cl->expected = (cl->expected + 1) & MS_NUMBER;
+        ms_apply(s, c, &go.head, go.half);
+        found = 1;
+        break;
+      }
+  }
+}
+
+static double ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* serve(fds, timeout): apply requests until one of fds (the control sockets) is readable or
+ * timeout seconds passed; the clients dropped meanwhile (their answers could not leave). */
+static PyObject *ms_serve(ms_t *s, PyObject *args) {
+  PyObject *fdlist;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &fdlist, &timeout)) return NULL;
+  Py_ssize_t nfds = PyList_GET_SIZE(fdlist);
+  struct pollfd *fds = calloc((size_t)nfds + 1, sizeof *fds);
+  if (fds == NULL) return PyErr_NoMemory();
+  for (Py_ssize_t i = 0; i < nfds; i++) {
+    fds[i].fd = (int)PyLong_AsLong(PyList_GET_ITEM(fdlist, i));
+    fds[i].events = POLLIN;
+  }
+  if (PyErr_Occurred()) {
+    free(fds);
+    return NULL;
+  }
+  s->ndropped = 0;
+  Py_BEGIN_ALLOW_THREADS
+  double start = ms_now(), until = start + timeout;
+  char err[320];
+  for (unsigned spins = 1;; spins++) {
+    uint32_t note;
+    int rc = coll__net_poll(s->net, &note, err, sizeof err);
+    if (rc == 1) {
+      ms_note(s, note);
+      start = ms_now();
+      if (s->ndropped) break; /* Python closes their sockets */
+      continue;
+    } /* rc < 0: a transfer to a client that went away failed; its control socket says so */
+    if (spins & 15) continue;
+    double now = ms_now();
+    if (now > until || (nfds && poll(fds, (nfds_t)nfds, 0) > 0)) break;
+    if (now - start > MS_SPIN_S) nanosleep(&(struct timespec){0, 50000}, NULL);
+  }
+  Py_END_ALLOW_THREADS
+  free(fds);
+  PyObject *out = PyList_New(s->ndropped);
+  for (int i = 0; out && i < s->ndropped; i++) PyList_SET_ITEM(out, i, PyLong_FromLong(s->dropped[i]));
+  return out;
+}
+
+static PyObject *ms_add_client(ms_t *s, PyObject *args) {
+  int c, peer;
+  Py_ssize_t slot, reply, reply_to;
+  if (!PyArg_ParseTuple(args, "iinnn", &c, &peer, &slot, &reply, &reply_to)) return NULL;
+  size_t pool = coll__net_pool_bytes(s->net);
+  if (c < 0 || c >= s->nclients || slot < 0 || reply < 0 || reply_to < 0 || (size_t)slot + 2 * MS_HALF > pool ||
+      (size_t)reply + 2 * MS_HALF > pool)
+    return hb_bad_arg("add_client: client %d's slots do not fit", c);
+  s->clients[c] = (ms_client_t){.used = 1, .peer = peer, .slot = (size_t)slot, .reply = (size_t)reply,
+                                .reply_to = (size_t)reply_to};
+  Py_RETURN_NONE;
+}
+
+static PyObject *ms_drop_client(ms_t *s, PyObject *args) {
+  int c;
+  if (!PyArg_ParseTuple(args, "i", &c)) return NULL;
+  if (c >= 0 && c < s->nclients) {
+    s->ndropped = 0;
+    ms_drop(s, c);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *ms_add_buffer(ms_t *s, PyObject *args) {
+  int id;
+  Py_ssize_t base, nbytes;
+  const char *name;
+  if (!PyArg_ParseTuple(args, "inns", &id, &base, &nbytes, &name)) return NULL;
+  coll_dtype_t dtype = COLL_DTYPE_COUNT;
+  for (int d = 0; d < COLL_DTYPE_COUNT; d++)
+    if (strcmp(coll_dtype_name((coll_dtype_t)d), name) == 0) dtype = (coll_dtype_t)d;
+  if (id != s->nbufs + 1 || dtype == COLL_DTYPE_COUNT || base < 0 || nbytes < 0 ||
+      (size_t)base + (size_t)nbytes > coll__net_pool_bytes(s->net))
+    return hb_bad_arg("add_buffer: buffer %d (%s) does not fit", id, name);
+  ms_buf_t *b = realloc(s->bufs, (size_t)id * sizeof *b);
+  if (b == NULL) return PyErr_NoMemory();
+  s->bufs = b, s->nbufs = id;
+  b[id - 1] = (ms_buf_t){.used = 1, .holder = -1, .base = (size_t)base, .nbytes = (size_t)nbytes, .dtype = dtype};
+  Py_RETURN_NONE;
+}
+
+static PyObject *ms_version(ms_t *s, PyObject *args) {
+  int id;
+  if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+  if (id < 1 || id > s->nbufs) return hb_bad_arg("no buffer %d", id);
+  return Py_BuildValue("KK", (unsigned long long)s->bufs[id - 1].version, (unsigned long long)s->bufs[id - 1].writes);
+}
+
+static PyObject *ms_protocol(PyObject *cls, PyObject *unused) {
+  (void)cls, (void)unused;
+  return Py_BuildValue("{s:i,s:i,s:i,s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i}", "HEAD_BYTES", MS_HEAD_BYTES, "REPLY_BYTES",
+                       MS_REPLY_BYTES, "HALF", MS_HALF, "MAGIC", MS_MAGIC, "FIRST", MS_FIRST, "LAST", MS_LAST,
+                       "NUMBER", MS_NUMBER, "WRITE", MS_WRITE, "ACCUMULATE", MS_ACCUMULATE, "READ", MS_READ,
+                       "HEAD_STRUCT_BYTES", (int)sizeof(ms_head_t));
+}
+
+static PyObject *ms_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *names[] = {"bridge", "max_clients", NULL};
+  PyObject *bridge;
+  int max_clients;
+  hb_state_t *st = PyType_GetModuleState(type);
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!i", names, st->BridgeType, &bridge, &max_clients)) return NULL;
+  if (max_clients < 1 || max_clients > 0xFFFF) return hb_bad_arg("max_clients %d: 1 to 65535", max_clients);
+  coll__net_t *net = hb_bridge_net(bridge);
+  if (net == NULL) return hb_raise(st, COLL_EABORTED, "the bridge is closed");
+  ms_t *s = (ms_t *)type->tp_alloc(type, 0);
+  if (s == NULL) return NULL;
+  s->clients = calloc((size_t)max_clients, sizeof *s->clients);
+  s->dropped = calloc((size_t)max_clients + 1, sizeof *s->dropped);
+  if (s->clients == NULL || s->dropped == NULL) {
+    Py_DECREF(s);
+    return PyErr_NoMemory();
+  }
+  s->bridge = Py_NewRef(bridge), s->net = net, s->pool = coll__net_pool(net), s->nclients = max_clients;
+  return (PyObject *)s;
+}
+
+static void ms_dealloc(ms_t *s) {
+  PyTypeObject *tp = Py_TYPE(s);
+  PyObject_GC_UnTrack(s);
+  for (int b = 0; b < s->nbufs; b++) free(s->bufs[b].parked);
+  free(s->bufs), free(s->clients), free(s->dropped);
+  Py_CLEAR(s->bridge);
+  tp->tp_free(s);
+  Py_DECREF(tp);
+}
+
+static int ms_traverse(ms_t *s, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(s));
+  Py_VISIT(s->bridge);
+  return 0;
+}
+
+static PyMethodDef ms_methods[] = {
+    {"serve", (PyCFunction)ms_serve, METH_VARARGS, "serve(fds, timeout) -> clients dropped"},
+    {"add_client", (PyCFunction)ms_add_client, METH_VARARGS, "add_client(index, peer, slot, reply, reply_to)"},
+    {"drop_client", (PyCFunction)ms_drop_client, METH_VARARGS, "drop_client(index)"},
+    {"add_buffer", (PyCFunction)ms_add_buffer, METH_VARARGS, "add_buffer(id, base, nbytes, dtype_name)"},
+    {"version", (PyCFunction)ms_version, METH_VARARGS, "version(id) -> (version, whole writes)"},
+    {"protocol", (PyCFunction)ms_protocol, METH_NOARGS | METH_STATIC, "the protocol's numbers (memproto.py's)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot ms_slots[] = {{Py_tp_new, ms_new},           {Py_tp_dealloc, ms_dealloc},
+                                 {Py_tp_traverse, ms_traverse}, {Py_tp_methods, ms_methods},
+                                 {0, NULL}};
+
+PyType_Spec hb_memserve_spec = {"hbmcoll._core.MemServe", sizeof(ms_t), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE, ms_slots};
