@@ -283,7 +283,8 @@ static double bridge_now(void) {
 
 /* A poll spins this long after its start, then naps between looks: a memory server and its
  * clients wait on each other, and a spinning waiter would take the core the other needs where
- * processes outnumber cores (a training job, its server and the framework's threads). */
+ * processes outnumber cores (a training job, its server and the framework's threads; the
+ * A/B is in bench/README.md). */
 #define POLL_SPIN_S 100e-6
 #define POLL_NAP_NS 50000
 
