@@ -47,6 +47,7 @@ from . import _core, alltoall_nodes, pipeline
 from .comm import _empty_like, _is_numpy, _shape
 from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
 from .in_order import InOrder
+from .objects import ObjectCollectives
 
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
 SMALL = 1024  # bytes of data that ride with every call's descriptors (_meet)
@@ -89,7 +90,7 @@ def _is_float(x):
     return x.dtype.kind == "f" if _is_numpy(x) else x.is_floating_point()
 
 
-class NodesCommunicator:
+class NodesCommunicator(ObjectCollectives):
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
     def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher, iface, pool_bytes,

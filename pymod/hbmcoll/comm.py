@@ -7,6 +7,7 @@ array, torch tensor, bytearray).
 """
 from . import _core
 from .errors import ArgumentError
+from .objects import ObjectCollectives
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
         "avg": _core.AVG, "mean": _core.AVG, "average": _core.AVG}
@@ -80,7 +81,7 @@ class Request:
         return self._req.done
 
 
-class Communicator:
+class Communicator(ObjectCollectives):
     """Processes on one node that run collectives together.
 
     Every rank must call the same collectives in the same order with matching

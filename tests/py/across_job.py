@@ -163,6 +163,12 @@ if rest is not None:
     rest.close()
 bynode.close()
 sub.close()
+# objects of a different size on every rank (mpi4py's lowercase calls)
+mine = {"rank": c.rank, "pad": "x" * (c.rank * 3000)}
+assert c.allgather_object(mine) == [{"rank": r, "pad": "x" * (r * 3000)} for r in range(P)]
+got = c.gather_object(mine, root=P - 1)
+assert (got == [{"rank": r, "pad": "x" * (r * 3000)} for r in range(P)]) if c.rank == P - 1 else got is None
+assert c.bcast_object(("from", c.rank) if c.rank == 1 else None, root=1) == ("from", 1)
 c.barrier()
 say("rank", c.rank, "of", c.size, "node", c.node, "ok")
 c.close()

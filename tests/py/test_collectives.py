@@ -300,3 +300,20 @@ def large_allreduce_rank(comm, count):
 def test_allreduce_64mib(run_ranks, P):
     count = (64 << 20) // 4 + 3
     assert run_ranks(P, large_allreduce_rank, count, timeout=300) == [count * 4] * P
+
+
+def _objects(comm):
+    mine = {"rank": comm.rank, "data": list(range(comm.rank * 1000)), "none": None}
+    every = comm.allgather_object(mine)
+    at_root = comm.gather_object(mine, root=comm.size - 1)
+    told = comm.bcast_object({"said by": comm.rank} if comm.rank == 1 else "ignored", root=1)
+    return every, at_root, told
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_object_collectives(run_ranks, P):
+    """Picklable objects of a different size on every rank: allgather, gather, bcast."""
+    want = [{"rank": r, "data": list(range(r * 1000)), "none": None} for r in range(P)]
+    for r, (every, at_root, told) in enumerate(run_ranks(P, _objects)):
+        assert every == want and told == {"said by": 1}
+        assert at_root == (want if r == P - 1 else None)
