@@ -39,7 +39,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m hbmcoll.topo", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topology", metavar="FILE", help="hwloc XML file or HWLOC_FSROOT directory")
-    ap.add_argument("--ranks", type=int, default=0, help="local ranks to plan for (default: one per core)")
+    ap.add_argument("--ranks", type=int, help="local ranks to plan for (default: one per core)")
     words = _core.policy_words()
     ap.add_argument("--memory", choices=words["memory"])
     ap.add_argument("--bind", choices=words["bind"])
@@ -48,8 +48,10 @@ def main(argv=None):
                     help="print the tree the small collectives run on above 8 ranks: each rank's "
                          "PU, parent and children")
     args = ap.parse_args(argv)
+    if args.ranks is not None and args.ranks < 1:
+        ap.error(f"--ranks {args.ranks}: give at least 1 (leave it out for one per core)")
     try:
-        text = _core.numa_report(args.topology, args.ranks, args.memory, args.bind, args.json, args.tree)
+        text = _core.numa_report(args.topology, args.ranks or 0, args.memory, args.bind, args.json, args.tree)
     except (OSError, ValueError) as exc:
         print(f"hbmcoll.topo: {exc}", file=sys.stderr)
         return 2

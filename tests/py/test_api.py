@@ -392,3 +392,24 @@ def test_arena_free_and_reuse(comm1):
     whole = comm1.empty(2 * big - 8192, "uint8")  # two neighbours coalesced
     whole[:16] = 3
     assert list(comm1.allreduce(whole[:16])) == [3] * 16
+
+
+def test_python_m_hbmcoll_reports_the_installation():
+    """python -m hbmcoll: the version, this machine as the placement layer sees it, and what is
+    built in or found, one line each (a bug report's first lines)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "hbmcoll"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"hbmcoll {hbmcoll.__version__} at ")
+    for line in ("  NUMA nodes:", "NumPy fast path: built in", "bridge between nodes: ",
+                 "memkind: ", "torch: ", "launchers: hbmcoll-run"):
+        assert line in out.stdout, (line, out.stdout)
+
+
+def test_topo_refuses_a_rank_count_below_one():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "hbmcoll.topo", "--ranks", "0"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "--ranks 0: give at least 1" in out.stderr, out
