@@ -35,6 +35,8 @@ import torch.distributed as dist
 from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
+from .compression import Compression, compressor  # noqa: F401 (Horovod's name)
+from .errors import NotSupportedError
 from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
@@ -44,7 +46,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async_", "synchronize", "poll",
            "broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
-           "Average", "Sum", "Min", "Max", "Product", "Adasum",
+           "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
            "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register"]
 
 _REDOP = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
@@ -175,11 +177,12 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     """A new tensor: tensor reduced over all ranks (default op Average). Differentiable for
     Average and Sum (the gradient is the allreduce of the output's gradients)."""
     _check_cpu(tensor, "allreduce")
-    op = _op_of(average, op)
-    if tensor.requires_grad and torch.is_grad_enabled():
-        return _AllreduceFn.apply(tensor, op, prescale_factor, postscale_factor)
-    return synchronize(allreduce_async(tensor, op=op, prescale_factor=prescale_factor,
-                                       postscale_factor=postscale_factor))
+    op, comp = _op_of(average, op), compressor(compression)
+    sent, ctx = comp.compress(tensor)  # differentiable casts, where it casts
+    if sent.requires_grad and torch.is_grad_enabled():
+        return comp.decompress(_AllreduceFn.apply(sent, op, prescale_factor, postscale_factor), ctx)
+    return comp.decompress(synchronize(allreduce_async(sent, op=op, prescale_factor=prescale_factor,
+                                                       postscale_factor=postscale_factor)), ctx)
 
 
 def _allgather(t):
@@ -358,8 +361,9 @@ class _DistributedOptimizer:
     """Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def _hb_setup(self, base, named_parameters, op, backward_passes_per_step, bucket_bytes,
-                  gradient_predivide_factor):
+                  gradient_predivide_factor, compression):
         self._hb_base = base
+        wire = compressor(compression).wire_dtype  # a bucket travels in its gradients' wire dtype
         self._hb_op = _op_of(None, op)
         if self._hb_op not in (Average, Sum):
             raise ValueError("DistributedOptimizer reduces gradients with Average or Sum")
@@ -392,12 +396,12 @@ class _DistributedOptimizer:
         buckets, cur, cur_bytes, cur_dtype = [], [], 0, None
         for p in reversed(params):
             nb = p.numel() * p.element_size()
-            if cur and (p.dtype != cur_dtype or cur_bytes + nb > bucket_bytes):
+            if cur and (wire(p.dtype) != cur_dtype or cur_bytes + nb > bucket_bytes):
                 buckets.append(_Bucket(cur, cur_dtype))
                 cur, cur_bytes = [], 0
             cur.append(p)
             cur_bytes += nb
-            cur_dtype = p.dtype
+            cur_dtype = wire(p.dtype)
         if cur:
             buckets.append(_Bucket(cur, cur_dtype))
         for b in buckets:
@@ -478,9 +482,9 @@ class _DistributedOptimizer:
             for p, off in zip(b.params, b.offsets):
                 src = b.flat[off:off + p.numel()].view(p.shape)
                 if p.grad is None:
-                    p.grad = src.clone()
+                    p.grad = src.to(p.dtype, copy=True)
                 else:
-                    p.grad.copy_(src)
+                    p.grad.copy_(src)  # back in the gradient's own dtype
             b.ready = 0
             b.done_params.clear()
         self._hb_next = 0
@@ -508,19 +512,30 @@ class _DistributedOptimizer:
         self._hb_hooks = []
 
 
+# Horovod's arguments this one has no use for: accepted at the values that ask for nothing
+_HOROVOD_DEFAULTS = {"num_groups": (0, None), "groups": (None,), "process_set": (None,),
+                     "sparse_as_dense": (False, True)}  # sparse gradients are made dense anyway
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         bucket_cap_mb=4.0, **unused):
+                         bucket_cap_mb=4.0, **horovod):
     """Wrap a torch optimizer so that step() applies the gradients averaged (op=Average) or
     summed (op=Sum) over all ranks. The gradients are reduced during the backward pass, in
     fused buckets of up to bucket_cap_mb; with backward_passes_per_step=k, k backward passes
     accumulate locally before one allreduce. The result is an instance of a subclass of the
     optimizer's class that shares the optimizer's parameter groups and state."""
+    for name, value in horovod.items():
+        if name not in _HOROVOD_DEFAULTS:
+            raise TypeError(f"DistributedOptimizer() got an unexpected keyword argument {name!r}")
+        if not any(value is v or (v is not None and value == v) for v in _HOROVOD_DEFAULTS[name]):
+            raise NotSupportedError(f"DistributedOptimizer({name}={value!r}): not supported; every rank's "
+                                    "gradients are reduced in fused buckets of bucket_cap_mb")
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base), {})
     cls.step = _DistributedOptimizer.step
     dopt = cls.__new__(cls)
     dopt.__dict__.update(optimizer.__dict__)
     dopt._hb_setup(base, named_parameters, op, backward_passes_per_step,
-                   int(bucket_cap_mb * 1024 * 1024), gradient_predivide_factor)
+                   int(bucket_cap_mb * 1024 * 1024), gradient_predivide_factor, compression)
     return dopt

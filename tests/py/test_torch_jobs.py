@@ -290,6 +290,53 @@ def test_horovod_job(run_ranks):
         [True, r, 2, 1, False, 2.0, True, "not initialised"] for r in (0, 1)]
 
 
+def rank_compression(comm):
+    """Horovod's compression= and arguments: fp16 travels as float16 and comes back float32,
+    gradients included; a DistributedOptimizer with fp16 trains as fp32 does, within float16's
+    precision, and alike on every rank; unknown arguments are refused, not ignored."""
+    import hbmcoll
+    import hbmcoll.torch as hvd
+    hvd.init(comm)
+    me, fp16 = hvd.rank(), hvd.Compression.fp16
+    t = hvd.allreduce(torch.full((4,), me + 0.5), compression=fp16)
+    x = torch.ones(3, requires_grad=True)
+    hvd.allreduce(x * (me + 1), compression=fp16, op=hvd.Sum).sum().backward()
+    out = [t.dtype == torch.float32, float(t[0]), x.grad.tolist()]
+
+    def train(compression):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression=compression,
+                                       sparse_as_dense=True)
+        g = torch.Generator().manual_seed(me)
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(torch.randn(16, 8, generator=g)),
+                                              torch.randint(0, 2, (16,), generator=g)).backward()
+            opt.step()
+        opt.remove_hooks()
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+    w16, w32 = train(fp16), train(None)
+    out += [w16.dtype == torch.float32, float((w16 - w32).abs().max()) < 1e-2,
+            len(set(hvd.allgather_object(w16.numpy().tobytes()))) == 1]
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    for kw, error in (({"bogus": 1}, TypeError), ({"num_groups": 2}, hbmcoll.NotSupportedError),
+                      ({"compression": "fp16"}, hbmcoll.ArgumentError)):
+        try:
+            hvd.DistributedOptimizer(sgd, **kw)
+            out.append(f"{kw} accepted")
+        except error:
+            out.append("refused")
+    hvd.shutdown()
+    return out
+
+
+def test_horovod_compression_and_arguments(run_ranks):
+    # x's gradient: the Sum allreduce's gradient is the Sum of the ranks' (2), times rank + 1
+    assert run_ranks(2, rank_compression, timeout=120) == [
+        [True, 1.0, [2.0 * (r + 1)] * 3, True, True, True, "refused", "refused", "refused"] for r in (0, 1)]
+
+
 def test_work_wait_timeout(run_ranks):
     res = run_ranks(2, rank_wait_timeout, free_port(), timeout=120,
                     env={"HBMCOLL_TORCH_INLINE": "0"})
