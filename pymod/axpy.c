@@ -8,6 +8,13 @@
 
 #include "coll_internal.h" /* coll__axpy */
 
+/* The dtype named `name` ("float32", "bfloat16", ...; libcoll's names), or COLL_DTYPE_COUNT. */
+coll_dtype_t hb_dtype_named(const char *name) {
+  for (int d = 0; d < COLL_DTYPE_COUNT; d++)
+    if (strcmp(coll_dtype_name((coll_dtype_t)d), name) == 0) return (coll_dtype_t)d;
+  return COLL_DTYPE_COUNT;
+}
+
 /* axpy(y, x, alpha, dtype): y += alpha * x over raw bytes holding elements of dtype (a name:
  * "float32", "bfloat16", ...), without the GIL (the servers' accumulate). */
 PyObject *hb_axpy(PyObject *m, PyObject *args) {
@@ -15,9 +22,7 @@ PyObject *hb_axpy(PyObject *m, PyObject *args) {
   double alpha;
   const char *name;
   if (!PyArg_ParseTuple(args, "w*y*ds", &y, &x, &alpha, &name)) return NULL;
-  coll_dtype_t dtype = COLL_DTYPE_COUNT;
-  for (int d = 0; d < COLL_DTYPE_COUNT; d++)
-    if (strcmp(coll_dtype_name((coll_dtype_t)d), name) == 0) dtype = (coll_dtype_t)d;
+  coll_dtype_t dtype = hb_dtype_named(name);
   int rc = COLL_EBADARG;
   size_t es = dtype < COLL_DTYPE_COUNT ? coll_dtype_size(dtype) : 0;
   if (es && y.len == x.len && y.len % (Py_ssize_t)es == 0) {

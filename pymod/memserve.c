@@ -13,7 +13,6 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "coll_internal.h" /* coll__axpy */
 #include "net.h"
@@ -25,8 +24,7 @@ enum { MS_HEAD_BYTES = 64, MS_REPLY_BYTES = 16, MS_HALF = 1 << 19, MS_WRITE = 1,
 #define MS_NUMBER ((1u << 28) - 1)
 #define MS_OK 0u
 #define MS_REFUSED 1u
-#define MS_REPLY_S 10.0   /* a reply that cannot leave for this long drops its client */
-#define MS_SPIN_S 100e-6  /* then nap between looks, as the bridge's poll does */
+#define MS_REPLY_S 10.0 /* a reply that cannot leave for this long drops its client */
 
 typedef struct { /* memproto.HEAD, "<IIQQQdQ": 48 bytes, no padding */
   uint32_t magic, opf;
@@ -76,7 +74,7 @@ static void ms_drop(ms_t *s, int c) {
   ms_client_t *cl = &s->clients[c];
   if (!cl->used) return;
   cl->used = 0;
-  for (int b = 0; b < s->nbufs; b++) {
+  for (int b = 0; b < s->nbufs; b++) { /* all its parked requests go before any buffer unparks */
     ms_buf_t *buf = &s->bufs[b];
     int k = 0;
     for (int i = 0; i < buf->nparked; i++)
@@ -191,12 +189,6 @@ static void ms_note(ms_t *s, uint32_t note) {
   }
 }
 
-static double ms_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* serve(fds, timeout): apply requests until one of fds (the control sockets) is readable or
  * timeout seconds passed; the clients dropped meanwhile (their answers could not leave). */
 static PyObject *ms_serve(ms_t *s, PyObject *args) {
@@ -216,21 +208,21 @@ static PyObject *ms_serve(ms_t *s, PyObject *args) {
   }
   s->ndropped = 0;
   Py_BEGIN_ALLOW_THREADS
-  double start = ms_now(), until = start + timeout;
+  double start = hb_now(), until = start + timeout;
   char err[320];
   for (unsigned spins = 1;; spins++) {
     uint32_t note;
     int rc = coll__net_poll(s->net, &note, err, sizeof err);
     if (rc == 1) {
       ms_note(s, note);
-      start = ms_now();
+      start = hb_now();
       if (s->ndropped) break; /* Python closes their sockets */
       continue;
     } /* rc < 0: a transfer to a client that went away failed; its control socket says so */
     if (spins & 15) continue;
-    double now = ms_now();
+    double now = hb_now();
     if (now > until || (nfds && poll(fds, (nfds_t)nfds, 0) > 0)) break;
-    if (now - start > MS_SPIN_S) nanosleep(&(struct timespec){0, 50000}, NULL);
+    hb_poll_idle(now - start);
   }
   Py_END_ALLOW_THREADS
   free(fds);
@@ -267,9 +259,7 @@ static PyObject *ms_add_buffer(ms_t *s, PyObject *args) {
   Py_ssize_t base, nbytes;
   const char *name;
   if (!PyArg_ParseTuple(args, "inns", &id, &base, &nbytes, &name)) return NULL;
-  coll_dtype_t dtype = COLL_DTYPE_COUNT;
-  for (int d = 0; d < COLL_DTYPE_COUNT; d++)
-    if (strcmp(coll_dtype_name((coll_dtype_t)d), name) == 0) dtype = (coll_dtype_t)d;
+  coll_dtype_t dtype = hb_dtype_named(name);
   if (id != s->nbufs + 1 || dtype == COLL_DTYPE_COUNT || base < 0 || nbytes < 0 ||
       (size_t)base + (size_t)nbytes > coll__net_pool_bytes(s->net))
     return hb_bad_arg("add_buffer: buffer %d (%s) does not fit", id, name);

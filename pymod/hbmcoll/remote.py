@@ -149,19 +149,15 @@ class _Connection:
             return got
 
     def _post(self, op, bid, off, length, flags, src, dst, alpha):
-        self.number = (self.number + 1) & ms.NUMBER
-        half, self.half = self.half, self.half ^ 1
+        number, half = (self.number + 1) & ms.NUMBER, self.half
         at = half * ms.HALF
-        ms.HEAD.pack_into(self.pool, at, ms.MAGIC, op | flags, bid, off, length, alpha, self.number)
+        ms.HEAD.pack_into(self.pool, at, ms.MAGIC, op | flags, bid, off, length, alpha, number)
         if src is not None:
             self.pool[at + ms.HEAD_BYTES:at + ms.HEAD_BYTES + length] = src
-        try:
-            self.ep.write(self.peer, at, self.slot + at, ms.HEAD_BYTES + (length if src is not None else 0),
-                          self.index | (half << 16), self.timeout or 0)
-        except BaseException:  # not sent: the server must not wait for this number
-            self.number, self.half = (self.number - 1) & ms.NUMBER, half
-            raise
-        return self.number, half, length, dst
+        self.ep.write(self.peer, at, self.slot + at, ms.HEAD_BYTES + (length if src is not None else 0),
+                      self.index | (half << 16), self.timeout or 0)
+        self.number, self.half = number, half ^ 1  # only once sent: the server waits for numbers in order
+        return number, half, length, dst
 
     def _reply(self, number, half, length, dst):
         """Request number's reply: ((version, whole writes), refused); a read's bytes into dst."""
@@ -239,12 +235,13 @@ class RemoteBuffer:
         step = ms.HALF - ms.HEAD_BYTES
         got = []
         for conn, bid, lo, hi in self._parts:
-            chunks = ((op, bid, off, min(step, hi - lo - off),
-                       (ms.FIRST if off == 0 else 0) | (ms.LAST if off + step >= hi - lo else 0),
-                       None if op == ms.READ else raw[lo + off:lo + min(off + step, hi - lo)],
-                       raw[lo + off:lo + min(off + step, hi - lo)] if op == ms.READ else None, alpha)
-                      for off in range(0, hi - lo, step))
-            got.append(conn.run(chunks) if hi > lo else conn.request(ms.READ, bid, 0, 0))
+            chunks = []
+            for off in range(0, hi - lo, step):
+                piece = raw[lo + off:lo + min(off + step, hi - lo)]
+                flags = (ms.FIRST if off == 0 else 0) | (ms.LAST if off + step >= hi - lo else 0)
+                chunks.append((op, bid, off, piece.size, flags, None if op == ms.READ else piece,
+                               piece if op == ms.READ else None, alpha))
+            got.append(conn.run(chunks) if chunks else conn.request(ms.READ, bid, 0, 0))
         return got
 
     def _write_whole(self, raw):

@@ -49,7 +49,6 @@ class ParameterSharing:
             self.shared.start(self.flat)
         if self.group is not None:
             self.group.bcast(self.flat, root=0)
-        self._scatter()
 
     @property
     def buffer(self):
@@ -64,9 +63,6 @@ class ParameterSharing:
         for p in self.params:  # the optimizer holds the Parameter objects, which stay
             p.data = self.flat[at:at + p.numel()].view_as(p)
             at += p.numel()
-
-    def _scatter(self):
-        """flat is the parameters already (their storage): nothing to copy."""
 
     def step(self):
         """In place of optimizer.step(), after backward()."""

@@ -558,8 +558,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (m) g_mode = m->name;
-  else g_mode = "-";
+  g_mode = m ? m->name : "-";
   if (P <= 0) P = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (P < 1 || P > MAXCPUS) P = 1;
   g_res = mmap(NULL, sizeof *g_res, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -582,8 +581,7 @@ int main(int argc, char **argv) {
   }
   for (int r = 0; r < P; r++) {
     int st;
-    if (pids[r] <= 0) continue;
-    if (waitpid(pids[r], &st, 0) < 0) continue;
+    if (pids[r] <= 0 || waitpid(pids[r], &st, 0) < 0) continue;
     if (WIFSIGNALED(st))
       check(0, "rank %d killed by signal %d (%s)%s", r, WTERMSIG(st), strsignal(WTERMSIG(st)),
             WTERMSIG(st) == SIGALRM ? ": over its deadline" : "");
@@ -596,9 +594,6 @@ done:;
   out("%d passed, %d failed", pass, fail);
   const char *tally = getenv("KNL_CHECK_TALLY"); /* the guest's /init adds up several runs */
   FILE *t = tally && *tally ? fopen(tally, "a") : NULL;
-  if (t) {
-    fprintf(t, "%d %d\n", pass, fail);
-    fclose(t);
-  }
+  if (t) fprintf(t, "%d %d\n", pass, fail), fclose(t);
   return fail || pass == 0 ? 1 : 0;
 }
