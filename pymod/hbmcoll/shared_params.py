@@ -13,11 +13,16 @@ from .remote import RemoteBuffer
 MAX_WORKERS = (1 << 10) - 1  # step counters: slot 0 says how many slots were taken
 
 
-def check_mode(mode, staleness):
+def check_mode(mode, staleness, overlap=None):
+    """overlap, from the arguments: True unless a staleness bound needs the exchange in step."""
     if mode not in ("async", "hybrid"):
         raise ArgumentError(f"parameter sharing mode {mode!r}: 'async' or 'hybrid'")
     if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
         raise ArgumentError(f"staleness={staleness!r}: a number of steps >= 0, or None (unbounded)")
+    if overlap and staleness is not None:
+        raise ArgumentError("overlap=True has no staleness bound: the exchange runs behind the steps; "
+                            "give staleness=None, or overlap=False")
+    return staleness is None if overlap is None else bool(overlap)
 
 
 class SharedParameters:
@@ -38,6 +43,7 @@ class SharedParameters:
             if self.buffer.version == 0:
                 self.buffer.write(flat)
         self.buffer.read(out=flat)
+        self._base = np.array(flat, np.float32)  # what the overlapped exchange counts changes from
         if self.iters is not None:
             # Slot 0 counts the slots taken; the lock orders the joins. The join adds to slot 0
             # alone: the running workers count their steps meanwhile, and a write of the whole
@@ -58,6 +64,35 @@ class SharedParameters:
             self._wait_for_slowest()
         self.buffer.read(out=flat)
 
+    # The overlapped exchange (no staleness bound): the push of the change made since the last
+    # exchange and the pull of everyone's run on the buffer's worker thread while this worker takes
+    # its next steps. How often it exchanges follows the link: as often as the last one finishes.
+    def begin(self, flat):
+        """Starts pushing flat's change since the last exchange, and pulling the sum."""
+        if getattr(self, "_sent", None) is None:
+            self._sent, self._delta, self._pulled = (np.empty_like(flat) for _ in range(3))
+        np.copyto(self._sent, flat)
+        np.subtract(self._sent, self._base, out=self._delta)
+        self._pending = (self.buffer.iaccumulate(self._delta), self.buffer.iread(out=self._pulled))
+        self.steps += 1
+
+    def ready(self):
+        """True when no exchange is in flight, or the one in flight has finished."""
+        return getattr(self, "_pending", None) is None or self._pending[1].test()
+
+    def merge(self, flat):
+        """The finished exchange into flat, in place: flat moves by what the others added since
+        (the pull less what was pushed), keeping the steps taken meanwhile. False: none was in
+        flight."""
+        if getattr(self, "_pending", None) is None:
+            return False
+        for req in self._pending:
+            req.wait()
+        flat += self._pulled
+        flat -= self._sent
+        self._base, self._pulled, self._pending = self._pulled, self._base, None
+        return True
+
     def _wait_for_slowest(self):
         until = time.monotonic() + self.timeout
         while True:
@@ -74,7 +109,11 @@ class SharedParameters:
         one[self.slot if slot is None else slot] = k
         self.iters.accumulate(one)
 
-    def finish(self):
-        """This worker trains no more: the others stop waiting for it (with a staleness bound)."""
+    def finish(self, flat=None):
+        """This worker trains no more: with an overlapped exchange (flat given), the change not yet
+        pushed goes out; with a staleness bound, the others stop waiting for it."""
+        if flat is not None:
+            self.merge(flat)
+            self.buffer.accumulate(flat - self._base)
         if self.iters is not None:
             self._count(1 << 30)

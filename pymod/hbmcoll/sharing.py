@@ -17,6 +17,13 @@ hbmcoll.init()) the gradients are averaged first (allreduce over shared memory) 
 steps alike; then the group's rank 0 shares with the other groups asynchronously, as above, and
 broadcasts the parameters it pulled to its group.
 
+Without a staleness bound the exchange with the servers overlaps the training (overlap=True by
+default): the push of the change made since the last exchange and the pull of the sum run in the
+background while the next steps are taken, and when they finish the parameters move by what the
+others added meanwhile; then the next exchange starts. A slow link is exchanged with less often
+instead of holding every step. overlap=False (or a staleness bound) exchanges in step: every
+step pushes and pulls before the next begins, so its parameters are fresher.
+
 The first worker to reach the servers writes its parameters; every worker starts from them.
 """
 import torch
@@ -27,8 +34,8 @@ from .shared_params import SharedParameters, check_mode
 
 class ParameterSharing:
     def __init__(self, model, optimizer, mode="async", servers=None, staleness=None, name="parameters",
-                 token=None, group=None, timeout=300):
-        check_mode(mode, staleness)
+                 token=None, group=None, timeout=300, overlap=None):
+        self.overlap = check_mode(mode, staleness, overlap)
         self.params = list(model.parameters())
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in self.params):
             raise ArgumentError("ParameterSharing shares float32 CPU parameters")
@@ -44,6 +51,7 @@ class ParameterSharing:
         self._as_views()  # the parameters live in flat from here on: no gather or scatter per step
         self.before, self.change = torch.empty_like(self.flat), torch.empty_like(self.flat)
         self.grads = torch.empty_like(self.flat) if self.group is not None and self.group.size > 1 else None
+        self.merged = torch.zeros(1, dtype=torch.int32)  # overlapped: did this step take in the others'?
         if self.sharer:
             self.shared = SharedParameters(len(self.flat), servers, token, name, staleness, timeout)
             self.shared.start(self.flat)
@@ -74,6 +82,10 @@ class ParameterSharing:
             for p in self.params:  # views of the averaged gradients, until the next backward
                 p.grad = self.grads[at:at + p.numel()].view_as(p)
                 at += p.numel()
+        if self.overlap:
+            self.optimizer.step()
+            self._exchange_behind()
+            return
         if self.sharer:
             self.before.copy_(self.flat)
         self.optimizer.step()
@@ -83,7 +95,21 @@ class ParameterSharing:
         if self.group is not None:
             self.group.bcast(self.flat, root=0)
 
+    def _exchange_behind(self):
+        """The overlapped exchange: when the one in flight has finished, its pull goes into the
+        parameters and the next starts. The group's ranks step alike, so they need the parameters
+        only on the steps that took in the others' (a flag says which)."""
+        if self.sharer:
+            self.merged[0] = 0
+            if self.shared.ready():
+                self.merged[0] = int(self.shared.merge(self.flat.numpy()))
+                self.shared.begin(self.flat.numpy())
+        if self.group is not None and self.group.size > 1:
+            self.group.bcast(self.merged, root=0)
+            if self.merged[0]:
+                self.group.bcast(self.flat, root=0)
+
     def finish(self):
         """This worker trains no more: the others stop waiting for it (with a staleness bound)."""
         if self.shared is not None:
-            self.shared.finish()
+            self.shared.finish(self.flat.numpy() if self.overlap else None)

@@ -359,6 +359,30 @@ def test_workers_joining_never_lose_a_running_workers_steps(servers):
     assert counts[first.slot] == done[0]
 
 
+def test_the_overlapped_exchange_loses_no_step_and_takes_in_the_others(servers):
+    """Two workers whose every step adds 1 to each parameter, exchanging in the background
+    (begin / ready / merge): at the end the shared parameters hold every step of both, and each
+    worker saw the other's steps arrive while it went on."""
+    from hbmcoll.shared_params import SharedParameters
+    addrs = servers(1)
+    workers = [SharedParameters(1000, servers=addrs, token=TOKEN, name="overlap", timeout=60) for _ in range(2)]
+    flats = [np.zeros(1000, np.float32) for _ in range(2)]
+    for w, f in zip(workers, flats):
+        w.start(f)
+    merged = [0, 0]
+    for _ in range(60):
+        for k, (w, f) in enumerate(zip(workers, flats)):
+            f += 1  # this worker's optimizer step
+            time.sleep(0.002)  # and its compute, which the exchange overlaps
+            if w.ready():
+                merged[k] += w.merge(f)
+                w.begin(f)
+    for w, f in zip(workers, flats):
+        w.finish(f)
+    assert (workers[0].buffer.read() == 120).all()
+    assert all(m > 0 for m in merged) and all((f > 60).all() for f in flats), (merged, [f.min() for f in flats])
+
+
 RUN_JOB = r"""
 import os, numpy as np, hbmcoll
 c = hbmcoll.init()
