@@ -4,12 +4,13 @@
 Each library runs under its own launcher (mpiexec, torchrun, python -m hbmcoll.run) with its
 worker in bench/workers/; rounds interleave the libraries so machine noise hits all alike.
 Writes bench/results/<timestamp>/{results.json,results.csv,rounds.csv,table.md,*.png} and
-points bench/results/latest at it. Timings are never asserted anywhere; this gates nothing.
+points bench/results/latest at it (./hbmcoll-bench-results/ when the suite runs from an
+installed hbmcoll). Timings are never asserted anywhere; this gates nothing.
 
     python bench/suite.py               # quick mode (default), < 10 min on 2 cores
     python bench/suite.py --full        # OSU sweep 4 B .. 64 MiB, all collectives and variants
     sudo python bench/suite.py --nodes  # and across 2 emulated nodes (bench/net_bridge.py)
-    python -m hbmcoll.bench [same options]
+    python -m hbmcoll.bench [same options]   # also from an installed hbmcoll (hbmcoll._bench)
 """
 import argparse
 import datetime
@@ -23,9 +24,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))   # bench/, or hbmcoll/_bench/ installed
 REPO = os.path.dirname(HERE)
 PYMOD = os.path.join(REPO, "pymod")
+IN_CHECKOUT = os.path.isfile(os.path.join(PYMOD, "hbmcoll", "__init__.py"))
 WORKERS = os.path.join(HERE, "workers")
 sys.path.insert(0, HERE)
 import limits as L  # noqa: E402
@@ -89,7 +91,8 @@ def args_parser():
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="before each launch wait up to this long for the CPUs to be idle "
                          "(< 25%% busy); for shared machines")
-    ap.add_argument("--out", help="results root (default bench/results)")
+    ap.add_argument("--out", help="results root (default bench/results; installed: "
+                                  "./hbmcoll-bench-results)")
     ap.add_argument("--verbose", action="store_true", help="workers report progress too")
     return ap
 
@@ -278,7 +281,8 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds through launch()
     cfg = settings(a)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = a.out or os.path.join(HERE, "results")
+    root = a.out or (os.path.join(HERE, "results") if IN_CHECKOUT
+                     else os.path.abspath("hbmcoll-bench-results"))
     outdir = os.path.join(root, stamp)
     raw = os.path.join(outdir, "raw")
     os.makedirs(raw, exist_ok=True)
@@ -411,6 +415,9 @@ def across_nodes(outdir, rounds):
     nodes.md and on stdout."""
     if os.geteuid() != 0:
         print("[bench] --nodes skipped: emulated nodes (network namespaces) need root", file=sys.stderr)
+        return
+    if not IN_CHECKOUT:
+        print("[bench] --nodes skipped: bench/net_bridge.py runs from a checkout", file=sys.stderr)
         return
     out = subprocess.run([sys.executable, os.path.join(HERE, "net_bridge.py"), "--rounds", str(min(rounds, 3))],
                          capture_output=True, text=True)
