@@ -1,7 +1,7 @@
 """The check setup.py runs before it compiles anything: a C compiler that runs, Python's headers,
-hwloc's headers and library. What is missing comes back as one message that names it and the
-package bringing it on Debian/Ubuntu, RHEL/Fedora and SUSE, instead of a compiler error deep in
-pip's output.
+hwloc's headers (2.3 or newer) and library. What is missing comes back as one message that
+names it and the package bringing it on Debian/Ubuntu, RHEL/Fedora and SUSE, instead of a
+compiler error deep in pip's output.
 
 memkind is not checked: numa/scratch.c opens it at run time, when there is HBM to use. libfabric
 is optional too (loaded when a job spans nodes), but its headers decide at build time whether
@@ -30,8 +30,13 @@ PACKAGES = {
 }
 TRIVIAL = "int main(void) { return 0; }\n"
 PYTHON_H = "#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n"
+HWLOC_H = "#include <hwloc.h>\n"
+# the placement layer reads memory attributes (HBM against DDR): hwloc 2.3 and newer
 HWLOC = ("#include <hwloc.h>\n"
-         "int main(void) { hwloc_topology_t t; return hwloc_topology_init(&t); }\n")
+         "int main(void) {\n"
+         "  hwloc_topology_t t; hwloc_memattr_id_t id = HWLOC_MEMATTR_ID_BANDWIDTH;\n"
+         "  return hwloc_topology_init(&t) + (int)id;\n"
+         "}\n")
 FABRIC = "#include <rdma/fabric.h>\nint main(void) { return FI_MAJOR_VERSION < 1; }\n"
 _done = False
 
@@ -94,9 +99,13 @@ def check():
             if why:
                 missing.append(("python", f"Python's headers (Python.h for {sys.executable}, "
                                           f"looked in {sysconfig.get_paths()['include']})", why))
-            why = _try(cc, tmp, "hwloc", HWLOC, ["-c"] + cflags)
+            why = _try(cc, tmp, "hwloc_h", HWLOC_H, ["-c"] + cflags)
+            old = "" if why else _try(cc, tmp, "hwloc", HWLOC, ["-c"] + cflags)
             if why:
                 missing.append(("hwloc", "hwloc's headers (hwloc.h)", why))
+            elif old:
+                missing.append(("hwloc", "hwloc 2.3 or newer (the hwloc.h found has no memory "
+                                         "attributes)", old))
             else:
                 why = _try(cc, tmp, "hwloc_link", HWLOC, cflags + ldflags + ["-lhwloc"])
                 if why:

