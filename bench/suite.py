@@ -4,15 +4,22 @@
 Each library runs under its own launcher (mpiexec, torchrun, python -m hbmcoll.run) with its
 worker in bench/workers/; rounds interleave the libraries so machine noise hits all alike.
 Writes bench/results/<timestamp>/{results.json,results.csv,rounds.csv,table.md,*.png} and
-points bench/results/latest at it. Timings are never asserted anywhere; this gates nothing.
+points bench/results/latest at it (./hbmcoll-bench-results/ when the suite runs from an
+installed hbmcoll). Timings are never asserted anywhere; this gates nothing.
 
     python bench/suite.py               # quick mode (default), < 10 min on 2 cores
     python bench/suite.py --full        # OSU sweep 4 B .. 64 MiB, all collectives and variants
     sudo python bench/suite.py --nodes  # and across 2 emulated nodes (bench/net_bridge.py)
-    python -m hbmcoll.bench [same options]
+    python -m hbmcoll.bench [same options]   # also from an installed hbmcoll (hbmcoll._bench)
+
+The hbmcoll under test is the one `import hbmcoll` gives this Python, except that the suite of
+a checkout whose extension is built in place (pymod/hbmcoll/_core*.so, `make build`) puts that
+checkout's pymod/ first. If that hbmcoll does not load, the suite stops with one line and exit
+status 1; a missing peer (mpi4py, torch) is skipped with a line.
 """
 import argparse
 import datetime
+import glob
 import itertools
 import json
 import os
@@ -23,9 +30,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))   # bench/, or hbmcoll/_bench/ installed
 REPO = os.path.dirname(HERE)
 PYMOD = os.path.join(REPO, "pymod")
+IN_CHECKOUT = os.path.isfile(os.path.join(PYMOD, "hbmcoll", "__init__.py"))
 WORKERS = os.path.join(HERE, "workers")
 sys.path.insert(0, HERE)
 import limits as L  # noqa: E402
@@ -89,7 +97,8 @@ def args_parser():
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="before each launch wait up to this long for the CPUs to be idle "
                          "(< 25%% busy); for shared machines")
-    ap.add_argument("--out", help="results root (default bench/results)")
+    ap.add_argument("--out", help="results root (default bench/results; installed: "
+                                  "./hbmcoll-bench-results)")
     ap.add_argument("--verbose", action="store_true", help="workers report progress too")
     return ap
 
@@ -112,14 +121,51 @@ def free_port():
         return s.getsockname()[1]
 
 
+def built_checkout():
+    """This checkout's pymod/ when its extension is built there, else None: an unbuilt
+    checkout must not shadow the hbmcoll that is installed."""
+    if IN_CHECKOUT and glob.glob(os.path.join(PYMOD, "hbmcoll", "_core*.so")):
+        return PYMOD
+    return None
+
+
 def env_with(extra):
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"          # one intra-op thread everywhere (torch fairness)
     env["PYTHONUNBUFFERED"] = "1"
-    if os.path.isdir(os.path.join(PYMOD, "hbmcoll")):   # the checkout's hbmcoll wins
-        env["PYTHONPATH"] = PYMOD + os.pathsep + env.get("PYTHONPATH", "")
+    pymod = built_checkout()
+    if pymod:
+        env["PYTHONPATH"] = os.pathsep.join([pymod] + [p for p in [env.get("PYTHONPATH")] if p])
     env.update(extra)
     return env
+
+
+# Where `import hbmcoll` leads (found without running it), then whether it loads with its
+# extension: the error of a package without one would be an import cycle's.
+HBMCOLL_PROBE = """
+import importlib.machinery as m, importlib.util as u, os, sys
+spec = u.find_spec("hbmcoll")
+if spec is None:
+    sys.exit("No module named 'hbmcoll'")
+dirs = list(spec.submodule_search_locations or [])
+print(os.path.dirname(spec.origin) if spec.origin else os.pathsep.join(dirs), flush=True)
+if not any(os.path.exists(os.path.join(d, "_core" + x))
+           for d in dirs for x in m.EXTENSION_SUFFIXES):
+    sys.exit("its extension hbmcoll._core is not built there")
+import hbmcoll, hbmcoll.run
+hbmcoll.init, hbmcoll.empty
+"""
+
+
+def hbmcoll_under_test():
+    """(where, error): the folder of the hbmcoll the workers will import (None: none), and why
+    it does not load (None: it does)."""
+    p = subprocess.run([sys.executable, "-c", HBMCOLL_PROBE], env=env_with({}),
+                       capture_output=True, text=True, timeout=120)
+    where = (p.stdout.strip().splitlines() or [None])[0]
+    if p.returncode == 0:
+        return where, None
+    return where, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
 
 
 def available(lib):
@@ -277,8 +323,17 @@ def main(argv=None):
     a = args_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds through launch()
     cfg = settings(a)
+    where = None
+    if "hbmcoll" in a.libs:               # the library under test: it loads, or nothing runs
+        where, why = hbmcoll_under_test()
+        if why:
+            found = f"hbmcoll at {where}" if where else f"not on the path of {sys.executable}"
+            sys.exit(f"[bench] hbmcoll does not load, so nothing was run: {why} ({found}; "
+                     "build it with `make build` in a checkout, or pip install it)")
+        print(f"[bench] hbmcoll under test: {where}", file=sys.stderr)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = a.out or os.path.join(HERE, "results")
+    root = a.out or (os.path.join(HERE, "results") if IN_CHECKOUT
+                     else os.path.abspath("hbmcoll-bench-results"))
     outdir = os.path.join(root, stamp)
     raw = os.path.join(outdir, "raw")
     os.makedirs(raw, exist_ok=True)
@@ -319,7 +374,7 @@ def main(argv=None):
                 if lib == "mpi4py" or label == "hbmcoll-numpy"]
 
     meta = {"run_id": stamp, "mode": cfg["mode"], "settings": cfg, "rounds": cfg["rounds"],
-            "libraries": libs, "skipped": skipped, "argv": sys.argv[1:],
+            "libraries": libs, "skipped": skipped, "argv": sys.argv[1:], "hbmcoll_from": where,
             "dtype": "float32", "op": "sum",
             "method": "OMB-Py: barrier, warm-up, barrier, back-to-back timed loop, barrier; "
                       "avg/min/max over ranks; data rotated among pre-filled buffers and one "
@@ -411,6 +466,9 @@ def across_nodes(outdir, rounds):
     nodes.md and on stdout."""
     if os.geteuid() != 0:
         print("[bench] --nodes skipped: emulated nodes (network namespaces) need root", file=sys.stderr)
+        return
+    if not IN_CHECKOUT:
+        print("[bench] --nodes skipped: bench/net_bridge.py runs from a checkout", file=sys.stderr)
         return
     out = subprocess.run([sys.executable, os.path.join(HERE, "net_bridge.py"), "--rounds", str(min(rounds, 3))],
                          capture_output=True, text=True)

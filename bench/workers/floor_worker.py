@@ -42,8 +42,10 @@ PASSES = len(SCHEDULES["allreduce"])   # the same number for every collective
 
 def staged_kernel():
     """The staged floor's kernel as a ctypes library, compiled (again) when its source is newer."""
-    build = os.path.join(HERE, "..", "..", "build")
-    if not os.access(build if os.path.isdir(build) else os.path.dirname(build), os.W_OK):
+    repo = os.path.join(HERE, "..", "..")    # a checkout's; installed, hbmcoll/: not there
+    build = os.path.join(repo, "build")
+    if not os.path.isdir(os.path.join(repo, "pymod", "hbmcoll")) or not os.access(
+            build if os.path.isdir(build) else repo, os.W_OK):
         build = tempfile.gettempdir()
     os.makedirs(build, exist_ok=True)
     so = os.path.join(build, "staged_floor.so")

@@ -1,24 +1,27 @@
-"""`python -m hbmcoll.bench [options]`: run the benchmark suite of this checkout (bench/suite.py).
+"""`python -m hbmcoll.bench [options]`: run the benchmark suite (bench/suite.py).
 
-The suite lives beside the package in the source tree (it launches mpiexec and torchrun and is
-not installed with the wheel); `python -m hbmcoll.bench --help` lists the options.
+An installed hbmcoll carries the suite as hbmcoll/_bench (setup.py maps bench/ there); the
+package of a checkout (pymod/hbmcoll) runs that checkout's bench/suite.py. `python -m
+hbmcoll.bench --help` lists the options.
 """
 import os
 import runpy
 import sys
 
 
-def suite_path():
-    here = os.path.dirname(os.path.abspath(__file__))            # <checkout>/pymod/hbmcoll
-    return os.path.join(os.path.dirname(os.path.dirname(here)), "bench", "suite.py")
+def suite_paths():
+    """Where the suite may be: installed beside this file, or in the checkout around it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "_bench", "suite.py"),
+            os.path.join(os.path.dirname(os.path.dirname(here)), "bench", "suite.py")]
 
 
 def main():
-    path = suite_path()
-    if not os.path.isfile(path):
-        sys.exit("hbmcoll.bench: the benchmark suite is not installed with the package; it runs "
-                 f"from a source checkout (looked for {path}).\nClone the hbmcoll repository and "
-                 "run `python bench/suite.py` or `make bench` there.")
+    path = next((p for p in suite_paths() if os.path.isfile(p)), None)
+    if path is None:
+        sys.exit("hbmcoll.bench: the benchmark suite is not here (looked for "
+                 + " and ".join(suite_paths()) + "): install hbmcoll from its sdist or wheel, "
+                 "or run `python bench/suite.py` in a checkout")
     sys.argv[0] = path
     runpy.run_path(path, run_name="__main__")
 
