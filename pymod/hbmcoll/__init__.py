@@ -12,11 +12,13 @@ from .errors import (ArgumentError, BootstrapError, CodedError, Error,  # noqa: 
                      OutOfMemoryError, PeerLostError, SystemCallError, TimeoutError)
 from .comm import Communicator, Request, empty  # noqa: F401
 from .job import init  # noqa: F401
+from .p2p import ANY_SOURCE, ANY_TAG, Status  # noqa: F401
 from .remote import RemoteBuffer  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "empty", "topology", "RemoteBuffer", "Communicator", "Request", "Error", "MismatchError",
+__all__ = ["init", "empty", "topology", "RemoteBuffer", "Communicator", "Request", "Status", "ANY_SOURCE",
+           "ANY_TAG", "Error", "MismatchError",
            "PeerLostError", "TimeoutError", "ArgumentError", "OutOfMemoryError", "BootstrapError",
            "NotSupportedError", "ForkedError", "SystemCallError", "NotFoundError", "CodedError"]
 

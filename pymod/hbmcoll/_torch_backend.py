@@ -48,14 +48,15 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import _core
 from . import comm as _comm
 from . import job as _job
 from .errors import ArgumentError
 from . import launch_env
+from . import p2p as _p2p
+from . import timeline
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
                              _inout, _out_buf, _plain, _unit_count)
-from ._torch_work import Work, _Completer
+from ._torch_work import Work, _Completer, _RecvWork
 
 BACKEND = "hbmcoll"
 
@@ -408,16 +409,18 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
             return Work(None, None, [])
         return self._start(self.comm.ibarrier(), None, [])
 
+    # point-to-point (the communicator's send/recv, p2p.py): always in the background, as
+    # torch's isend/irecv; dist.send/recv wait on the Work
     def send(self, tensors, dst, tag=0):
-        raise NotImplementedError("hbmcoll has collectives only: no send/recv "
-                                  "(use a gloo group for point-to-point)")
+        return self._start(self.comm.isend(self._one(tensors, "send"), dst, tag), None, tensors)
 
     def recv(self, tensors, src, tag=0):
-        raise NotImplementedError("hbmcoll has collectives only: no send/recv "
-                                  "(use a gloo group for point-to-point)")
+        req = self.comm.irecv(self._one(tensors, "recv"), src, tag)
+        return _RecvWork(req, None, tensors, self)
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("hbmcoll has collectives only: no send/recv")
+        req = self.comm.irecv(self._one(tensors, "recv"), _p2p.ANY_SOURCE, tag)
+        return _RecvWork(req, None, tensors, self)
 
     def _check_list(self, lst, like, what):
         if len(lst) != self._size:
@@ -512,7 +515,7 @@ def create(store, rank, size, timeout):
             comm = _job._init_by_names(rank, size, names, key, _store_swap(store, rank, size),
                                         0, t, "torch.distributed", None if default_group else _world_placement)
             comm._allow_any_thread()
-            return ProcessGroupHbmcoll(comm, rank, size)
+            return ProcessGroupHbmcoll(timeline.made(comm), rank, size)
         if default_group or _world_placement is None:
             info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                          job_key=key, launcher="torch.distributed")
@@ -521,12 +524,11 @@ def create(store, rank, size, timeout):
                 _world_placement = placement
         else:
             placement = _world_placement
-        core = _core.Comm(rank, size, key, t or 0.0, placement)
-        comm = _comm.Communicator(core, rank, size, "torch.distributed", placement)
+        comm = _comm.meet(rank, size, key, t or 0.0, placement, "torch.distributed", wait=t)
     # torch's contract: every rank issues the group's collectives in the same order, whichever
     # threads they come from (DDP's reducer, comm hooks on completer threads); as with gloo.
     comm._allow_any_thread()
-    return ProcessGroupHbmcoll(comm, rank, size)
+    return ProcessGroupHbmcoll(comm if info is not None else timeline.made(comm), rank, size)
 
 
 def register():

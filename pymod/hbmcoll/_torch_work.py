@@ -115,6 +115,17 @@ def _unwrap(fut):
     return fut.value()
 
 
+class _RecvWork(Work):
+    """A recv: after wait(), _source_rank() says who sent (torch's recv with src=None asks)."""
+
+    def _source_rank(self):
+        return self._src.source
+
+    def __init__(self, req, finish, result, pg=None):
+        super().__init__(req, finish, result, pg)
+        self._src = req.status
+
+
 class _Completer:
     """Threads of a process group that complete started Works, so that their futures complete
     without anyone calling wait() (DDP waits on the futures).

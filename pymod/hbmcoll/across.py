@@ -47,7 +47,10 @@ from . import _core, alltoall_nodes, pipeline
 from .comm import _empty_like, _is_numpy, _shape
 from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
 from .in_order import InOrder
+from . import timeline
 from .objects import ObjectCollectives
+from .p2p import Channels, PointToPoint
+from .vcoll import VariableCollectives
 
 _CODES = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX}
 SMALL = 1024  # bytes of data that ride with every call's descriptors (_meet)
@@ -90,7 +93,7 @@ def _is_float(x):
     return x.dtype.kind == "f" if _is_numpy(x) else x.is_floating_point()
 
 
-class NodesCommunicator(ObjectCollectives):
+class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
     def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher, iface, pool_bytes,
@@ -126,6 +129,12 @@ class NodesCommunicator(ObjectCollectives):
             atexit.register(self.close)         # the goodbye is collective: see close()
         else:
             parent._children.append(self)
+        from .layout import iface_address
+        self._p2p = Channels(self, tcp_address=iface_address(iface), timeout=timeout)  # send/recv over TCP
+
+    def _transports(self):
+        where = self._bridge.describe() if self._bridge is not None else "through this node's ring ranks"
+        return f"shared memory in the node; between nodes the bridge, {where}; send/recv over TCP"
 
     def __repr__(self):
         where = self._bridge.describe() if self._bridge is not None else "no bridge endpoint (beyond the rings)"
@@ -426,8 +435,11 @@ class NodesCommunicator(ObjectCollectives):
             return out
         return fn, out
 
-    def reduce_scatter(self, buf, op="sum", out=None):
-        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+    def reduce_scatter(self, buf, op="sum", out=None, counts=None):
+        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s). With
+        counts (one per rank), buf is read flat and rank i gets counts[i] elements."""
+        if counts is not None:
+            return self._reduce_scatter_counts(buf, op, counts, out)
         return self._call(self._reduce_scatter_fn(buf, op, out)[0])
 
     def ireduce_scatter(self, buf, op="sum", out=None):
@@ -496,7 +508,8 @@ class NodesCommunicator(ObjectCollectives):
         """Ranks with equal color form a new communicator ordered by (key, rank), across nodes
         as well; color=None (or negative) joins none and gets None. Every rank calls it."""
         from .subnodes import split
-        return self._call(lambda: split(self, color, key))
+        sub = self._call(lambda: split(self, color, key))
+        return None if sub is None else timeline.made(sub)
 
     def close(self):
         """Collective across nodes (as the endpoints must outlive the peers' last writes): the
@@ -507,6 +520,7 @@ class NodesCommunicator(ObjectCollectives):
         for child in list(self._children):
             child.close()
         self._closed = True
+        self._p2p.close()
         self._calls.stop()
         if self._rings is not None:
             self._rings.shutdown()

@@ -5,9 +5,13 @@ collective itself runs in C with the GIL released. Result buffers that the
 caller did not pass (out=None) are made here, of the caller's kind (NumPy
 array, torch tensor, bytearray).
 """
-from . import _core
+import hashlib
+
+from . import _core, timeline
 from .errors import ArgumentError
 from .objects import ObjectCollectives
+from .p2p import Channels, PointToPoint, listen, secret_of
+from .vcoll import VariableCollectives
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
         "avg": _core.AVG, "mean": _core.AVG, "average": _core.AVG}
@@ -81,7 +85,7 @@ class Request:
         return self._req.done
 
 
-class Communicator(ObjectCollectives):
+class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
     """Processes on one node that run collectives together.
 
     Every rank must call the same collectives in the same order with matching
@@ -90,7 +94,8 @@ class Communicator(ObjectCollectives):
     the communicator is closed for good.
     """
 
-    def __init__(self, core, local_rank=None, local_size=None, launcher="single", placement=None):
+    def __init__(self, core, local_rank=None, local_size=None, launcher="single", placement=None, timeout=None,
+                 key=None, secret=None, listener=None):
         self._c = core
         self.rank = core.rank
         self.size = core.size
@@ -98,6 +103,14 @@ class Communicator(ObjectCollectives):
         self.local_size = self.size if local_size is None else local_size
         self.launcher = launcher
         self._placement = placement
+        self._timeout = timeout if timeout is not None else _core.env_check()
+        # send/recv (p2p.py): every rank listens on a socket named by the secret, from the key the
+        # ranks met by; bound before they met (listener), or here, and then a barrier says so
+        self._secret = secret if secret is not None else secret_of(key)
+        self._splits = 0
+        self._p2p = Channels(self, self._secret, listener, timeout=self._timeout)
+        if listener is None:
+            self._c.run(_core.BARRIER)
 
     @property
     def pu(self):
@@ -221,8 +234,11 @@ class Communicator(ObjectCollectives):
             out = _empty_like(buf, shp[1:])
         return (_REDUCE_SCATTER, buf, out, _op_code(op), 0), out
 
-    def reduce_scatter(self, buf, op="sum", out=None):
-        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s)."""
+    def reduce_scatter(self, buf, op="sum", out=None, counts=None):
+        """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s). With
+        counts (one per rank), buf is read flat and rank i gets counts[i] elements."""
+        if counts is not None:
+            return self._reduce_scatter_counts(buf, op, counts, out)
         args, res = self._reduce_scatter_args(buf, op, out)
         self._c.run(*args)
         return res
@@ -271,10 +287,16 @@ class Communicator(ObjectCollectives):
     def split(self, color, key=0):
         """Ranks with equal color form a new communicator ordered by (key, rank);
         color=None (or negative) joins none and gets None."""
+        sub = self._split(color, key)
+        return None if sub is None else timeline.made(sub)
+
+    def _split(self, color, key=0):
         c = -1 if color is None else int(color)
         sub = self._c.split(c, int(key))
-        return None if sub is None else Communicator(sub, launcher=self.launcher,
-                                                     placement=self._placement)
+        self._splits += 1  # every rank splits alike: the count and the color name the sub's secret
+        secret = hashlib.sha256(self._secret + b"split %d %d" % (self._splits, c)).digest()
+        return None if sub is None else Communicator(sub, launcher=self.launcher, placement=self._placement,
+                                                     timeout=self._timeout, secret=secret)
 
     def set_algorithm(self, collective, name):
         """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
@@ -300,6 +322,7 @@ class Communicator(ObjectCollectives):
         self._c.bind_thread()
 
     def close(self):
+        self._p2p.close()
         self._c.close()
 
     def abort(self, reason=None):
@@ -314,6 +337,10 @@ class Communicator(ObjectCollectives):
     def closed(self):
         return self._c.closed
 
+    def _transports(self):
+        return ("shared memory" + (" (single copy for large bcast and gather)" if self.single_copy else "") +
+                "; send/recv over Unix sockets")
+
     # Horovod's cross rank and size: which node among those with this local rank, and how many
     # (a NodesCommunicator's differ)
     cross_rank, cross_size = 0, 1
@@ -323,6 +350,19 @@ class Communicator(ObjectCollectives):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def meet(rank, size, key, timeout, placement, launcher, local_rank=None, local_size=None, wait=None):
+    """The Communicator of the ranks that meet under key (_core.Comm; timeout as it takes it):
+    each binds its send/recv socket first, so all are bound once they have met. wait: the
+    communicator's limit on a wait (default: HBMCOLL_TIMEOUT)."""
+    listener = listen(secret_of(key), rank)
+    try:
+        core = _core.Comm(rank, size, key, timeout, placement)
+    except BaseException:
+        listener.close()
+        raise
+    return Communicator(core, local_rank, local_size, launcher, placement, wait, key=key, listener=listener)
 
 
 def empty(shape, dtype="float32", comm=None):

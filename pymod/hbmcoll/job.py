@@ -16,7 +16,8 @@ import threading
 from . import _core
 from . import job_secret
 from . import launch_env
-from .comm import Communicator
+from . import log, timeline
+from .comm import meet
 from .errors import ArgumentError
 
 _init_count = 0
@@ -72,8 +73,14 @@ def init(comm=None, timeout=None):
 
     With no argument, ranks are found from the launcher's environment
     (hbmcoll-run, torchrun, mpiexec, srun). With comm=<mpi4py communicator>,
-    the MPI ranks bootstrap over it.
+    the MPI ranks bootstrap over it. timeout: seconds any wait may last (default:
+    HBMCOLL_TIMEOUT, else no limit). HBMCOLL_LOG and HBMCOLL_TIMELINE apply from here.
     """
+    log.level()  # a bad HBMCOLL_LOG: every rank's error, before anything waits
+    return timeline.made(_init(comm, timeout))
+
+
+def _init(comm, timeout):
     global _init_count
     with _init_lock:
         _init_count += 1
@@ -94,11 +101,11 @@ def init(comm=None, timeout=None):
         if exchange is not None:
             key += "." + (exchange.publish() if info.rank == 0 else
                           exchange.fetch(timeout or env_timeout))
-        core = _core.Comm(info.rank, info.size, key, timeout, placement)
+        return meet(info.rank, info.size, key, timeout, placement, info.launcher, info.local_rank, info.local_size,
+                    timeout or env_timeout)
     finally:
         if exchange is not None:
             exchange.done()
-    return Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
 
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
@@ -117,8 +124,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     from . import across, layout, pipeline
 
     pipeline.fixed_chunks()  # a bad HBMCOLL_PIPELINE_CHUNKS: every rank's error, before anything waits
-    core = _core.Comm(info.local_rank, info.local_size, key, timeout, placement)
-    local = Communicator(core, info.local_rank, info.local_size, info.launcher, placement)
+    local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
     try:
         iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)
         lay, bridge, watch = layout.find(local, info.rank, info.size, name, secret, where_of, iface,
@@ -143,8 +149,7 @@ def _init_from_mpi(mpi_comm, generation, timeout):
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                  job_key=f"mpi.{os.getuid()}.{key}", launcher="mpi4py")
     placement = _place(info)
-    core = _core.Comm(rank, size, f"{info.job_key}/w{generation}", timeout, placement)
-    return Communicator(core, rank, size, "mpi4py", placement)
+    return meet(rank, size, f"{info.job_key}/w{generation}", timeout, placement, "mpi4py")
 
 
 def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, placement=None):

@@ -31,7 +31,7 @@ def split(parent, color, key):
     every = parent._allgather(mine, np.empty((parent.size, 2), np.int64), "split")
     members = sorted((r for r in range(parent.size) if every[r, 0] == c), key=lambda r: (every[r, 1], r))
     new_rank = members.index(parent.rank) if c >= 0 else -1
-    local = parent._local.split(c if c >= 0 else None, max(new_rank, 0))
+    local = parent._local._split(c if c >= 0 else None, max(new_rank, 0))  # internal: not timed
     by_node = {}
     for nr, r in enumerate(members):
         by_node.setdefault(parent._layout.place(r)[0], []).append(nr)

@@ -163,6 +163,26 @@ if rest is not None:
     rest.close()
 bynode.close()
 sub.close()
+# point-to-point over TCP between every pair, across nodes and inside one, tags out of order
+ahead, behind = (c.rank + 1) % P, (c.rank - 1) % P
+big = np.arange(300000, dtype=np.float32) + c.rank
+reqs = [c.isend(big, ahead, tag=2), c.isend(np.array([c.rank], np.int64), ahead, tag=1)]
+one, got_big, st = np.empty(1, np.int64), np.empty(300000, np.float32), hbmcoll.Status()
+c.recv(one, behind, tag=1, status=st)
+c.recv(got_big, tag=2)
+for q in reqs:
+    q.wait()
+assert one[0] == behind and st.source == behind and (got_big == np.arange(300000) + behind).all()
+swap = np.empty(3)
+c.sendrecv(np.full(3, c.rank * 1.0), P - 1 - c.rank, swap, P - 1 - c.rank)
+assert (swap == P - 1 - c.rank).all(), swap
+# a count per rank (v-collectives), 0 on rank 1
+counts = [0 if r == 1 else r + 2 for r in range(P)]
+blocks = [np.arange(counts[r], dtype=np.float64) + 10 * r for r in range(P)]
+assert np.array_equal(c.allgatherv(blocks[c.rank], counts=counts), np.concatenate(blocks))
+assert np.array_equal(c.alltoallv(np.full(P, c.rank, np.int32), [1] * P), np.arange(P, dtype=np.int32))
+assert np.array_equal(c.reduce_scatter(np.ones(sum(counts)), counts=counts), np.full(counts[c.rank], float(P)))
+
 # objects of a different size on every rank (mpi4py's lowercase calls)
 mine = {"rank": c.rank, "pad": "x" * (c.rank * 3000)}
 assert c.allgather_object(mine) == [{"rank": r, "pad": "x" * (r * 3000)} for r in range(P)]
