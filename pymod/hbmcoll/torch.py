@@ -16,17 +16,12 @@ It also gives Horovod's functions, so a Horovod script switches by changing its 
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ... loss.backward(); opt.step()
 
-DistributedOptimizer allreduces the gradients while the backward pass is still running: a hook
-on each parameter (``register_post_accumulate_grad_hook``) copies its gradient into a fused
-bucket as soon as it is final, each full bucket is started with the nonblocking ``iallreduce``
-(hbmcoll's progress thread runs it while autograd goes on), always in bucket order so every rank
-starts the same collectives in the same order; ``step()`` waits for them, copies the averaged
-gradients back and then runs the wrapped optimizer. (When the rank may run on one CPU only, the
-bucket's allreduce runs right in the hook instead: see HBMCOLL_TORCH_INLINE in _torch_backend.)
+DistributedOptimizer (_torch_optimizer.py) allreduces the gradients in fused buckets while the
+backward pass is still running. grouped_allreduce, alltoall and reducescatter are Horovod's
+too, and join() lets ranks with less data finish first (joining.py): every hvd collective is
+announced to the ranks that have joined, which take part with neutral data.
 """
-import contextlib
 import io
-import pickle
 
 import numpy as _np
 import torch
@@ -36,13 +31,16 @@ from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
 from .compression import Compression, compressor  # noqa: F401 (Horovod's name)
-from .errors import NotSupportedError
+from .errors import ArgumentError, NotSupportedError
+from .joining import ALLREDUCE, BARRIER, BCAST, OTHER, Joiner
 from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
+from ._torch_optimizer import _NATIVE_SET, DistributedOptimizer  # noqa: F401 (Horovod's name)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
+           "grouped_allreduce", "alltoall", "reducescatter",
            "broadcast", "broadcast_", "broadcast_async_", "synchronize", "poll",
            "broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
@@ -75,7 +73,22 @@ _job = _horovod_job.Job("hbmcoll.torch", _default_comm, owned=lambda comm: comm 
 init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
 rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
 cross_rank, cross_size = _job.cross_rank, _job.cross_size
-barrier, join, _c = _job.barrier, _job.join, _job.get
+_c = _job.get
+_joiner = Joiner()
+
+
+def barrier():
+    """Every rank waits for all (ranks that have joined take part)."""
+    c = _c()
+    _joiner.header(c, BARRIER)
+    c.barrier()
+
+
+def join(device=-1):
+    """This rank has no more data: it takes part in the other ranks' hvd collectives with
+    neutral data (zeros for sums) until every rank has called join(). Returns the rank that
+    joined last, on every rank."""
+    return _joiner.join(_c())
 
 
 # ---- tensor collectives --------------------------------------------------------------------------
@@ -107,7 +120,12 @@ def _start_allreduce(t, op, prescale, postscale):
             buf = buf * prescale  # never scale the caller's tensor before it is the result
         else:
             buf.mul_(prescale)
-    req = _c().iallreduce(buf, plan.op)
+    c = _c()
+    op = plan.op
+    active = _joiner.header(c, ALLREDUCE, buf, op)
+    if active < c.size and op == "avg":  # the ranks that joined have nothing to average in
+        op, postscale = "sum", postscale / active
+    req = c.iallreduce(buf, op)
 
     def finish():
         if postscale != 1.0:
@@ -189,6 +207,7 @@ def _allgather(t):
     """Concatenate every rank's t along dim 0 (first dimensions may differ)."""
     t = t.detach()
     c = _c()
+    _joiner.header(c, OTHER)
     if t.dim() == 0:
         t = t.reshape(1)
     n0 = torch.tensor([t.shape[0]], dtype=torch.int64)
@@ -233,8 +252,122 @@ def allgather(tensor, name=None):
     return _allgather(tensor)[0]
 
 
-_NATIVE_SET = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                         torch.int8, torch.uint8, torch.int32, torch.int64})
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None):
+    """allreduce of a list of tensors as one: fused into a flat buffer per dtype, one allreduce
+    each; returns new tensors in the list's order and shapes."""
+    _no_process_set(process_set)
+    if not tensors:
+        return []
+    for t in tensors:
+        _check_cpu(t, "grouped_allreduce")
+    op, comp = _op_of(average, op), compressor(compression)
+    sent = [comp.compress(t.detach()) for t in tensors]
+    out = [None] * len(tensors)
+    for dtype in dict.fromkeys(x.dtype for x, _ in sent):  # in the order of first appearance
+        idx = [i for i, (x, _) in enumerate(sent) if x.dtype == dtype]
+        flat = torch.cat([sent[i][0].reshape(-1) for i in idx])
+        synchronize(allreduce_async_(flat, op=op, prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor))
+        at = 0
+        for i in idx:
+            x, ctx = sent[i]
+            out[i] = comp.decompress(flat[at:at + x.numel()].view(x.shape).clone(), ctx)
+            at += x.numel()
+    return out
+
+
+def _no_process_set(process_set):
+    if process_set is not None:
+        raise NotSupportedError("process sets: hbmcoll's Horovod functions run on every rank; use "
+                                "hbmcoll's split() or torch.distributed.new_group for subsets")
+
+
+def _rows(tensor, splits, what):
+    """tensor's rows (dim 0) per rank, checked, and the elements in a row."""
+    c = _c()
+    n0 = tensor.shape[0] if tensor.dim() else 1
+    if splits is None:
+        if n0 % c.size:
+            raise ArgumentError(f"{what}: {n0} rows do not split evenly over {c.size} ranks: give splits")
+        splits = [n0 // c.size] * c.size
+    splits = [int(v) for v in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(splits) != c.size or sum(splits) != n0 or min(splits) < 0:
+        raise ArgumentError(f"{what}: splits must be {c.size} counts >= 0 adding up to the {n0} rows")
+    return splits, (tensor[0].numel() if tensor.dim() else 1)
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits):
+        out, received = _alltoall(tensor, splits)
+        ctx.received = received.tolist()
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return _alltoall(grad.contiguous(), ctx.received)[0], None
+
+
+def _alltoall(tensor, splits):
+    c = _c()
+    _joiner.header(c, OTHER)
+    splits, row = _rows(tensor, splits, "alltoall")
+    received = c.alltoall(_np.array(splits, _np.int64))
+    out = c.alltoallv(tensor.detach().contiguous().reshape(-1), [k * row for k in splits])
+    return out.view((int(received.sum()),) + tuple(tensor.shape[1:])), torch.from_numpy(received)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Rows (dim 0) of tensor, splits[j] of them to rank j (default: evenly); returns the rows
+    received from every rank in rank order, and how many came from each (a tensor).
+    Differentiable."""
+    _check_cpu(tensor, "alltoall")
+    _no_process_set(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AlltoallFn.apply(tensor, splits)
+    return _alltoall(tensor, splits)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, prescale, postscale):
+        ctx.scale = prescale * postscale
+        return _reducescatter(tensor, op, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = _allgather(grad)[0]
+        return g * ctx.scale, None, None, None
+
+
+def _reducescatter(tensor, op, prescale, postscale):
+    c = _c()
+    _joiner.header(c, OTHER)
+    n0 = tensor.shape[0] if tensor.dim() else 1
+    splits, row = _rows(tensor, [n0 // c.size + (r < n0 % c.size) for r in range(c.size)], "reducescatter")
+    flat = tensor.detach().contiguous().reshape(-1)
+    if prescale != 1.0:
+        flat = flat * prescale
+    out = c.reduce_scatter(flat, op=op, counts=[k * row for k in splits])
+    if postscale != 1.0:
+        out.mul_(postscale)
+    return out.view((splits[c.rank],) + tuple(tensor.shape[1:]))
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """tensor reduced over the ranks (default op Average) and split along dim 0: rank r gets its
+    share of the rows (the first ranks one more when they do not split evenly). Differentiable
+    for Average and Sum."""
+    _check_cpu(tensor, "reducescatter")
+    _no_process_set(process_set)
+    op, comp = _op_of(None, op), compressor(compression)
+    sent, ctx = comp.compress(tensor)
+    if sent.requires_grad and torch.is_grad_enabled():
+        return comp.decompress(_ReducescatterFn.apply(sent, op, prescale_factor, postscale_factor), ctx)
+    return comp.decompress(_reducescatter(sent, op, prescale_factor, postscale_factor), ctx)
 
 
 def broadcast_async_(tensor, root_rank, name=None):
@@ -242,7 +375,9 @@ def broadcast_async_(tensor, root_rank, name=None):
     t = tensor.detach()
     buf = t if t.is_contiguous() else t.contiguous()
     mv = buf if buf.dtype in _NATIVE_SET else buf.reshape(-1).view(torch.uint8)
-    req = _c().ibcast(mv, root=root_rank)
+    c = _c()
+    _joiner.header(c, BCAST, mv.reshape(-1), root=root_rank)
+    req = c.ibcast(mv, root=root_rank)
     finish = None if buf.data_ptr() == t.data_ptr() and t.is_contiguous() else \
         (lambda: t.copy_(buf))
     return _Handle(req, finish, tensor)
@@ -279,29 +414,15 @@ def broadcast(tensor, root_rank, name=None):
 def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's obj (pickled) on every rank."""
     c = _c()
-    if c.rank == root_rank:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        n = _np.array([len(data)], _np.int64)
-    else:
-        data, n = None, _np.zeros(1, _np.int64)
-    c.bcast(n, root=root_rank)
-    buf = _np.frombuffer(bytearray(data), _np.uint8) if data is not None \
-        else _np.empty(int(n[0]), _np.uint8)
-    if buf.size:
-        c.bcast(buf, root=root_rank)
-    return obj if c.rank == root_rank else pickle.loads(buf.tobytes())
+    _joiner.header(c, OTHER)
+    return c.bcast_object(obj, root=root_rank)
 
 
 def allgather_object(obj, name=None):
     """The list of every rank's obj, in rank order."""
     c = _c()
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    lens = c.allgather(_np.array([len(data)], _np.int64)).reshape(-1)
-    m = int(lens.max())
-    buf = _np.zeros(m, _np.uint8)
-    buf[:len(data)] = _np.frombuffer(data, _np.uint8)
-    out = c.allgather(buf)
-    return [pickle.loads(out[i, :int(lens[i])].tobytes()) for i in range(c.size)]
+    _joiner.header(c, OTHER)
+    return c.allgather_object(obj)
 
 
 def _named(params):
@@ -339,203 +460,3 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         optimizer.load_state_dict(torch.load(io.BytesIO(state), weights_only=False))
 
 
-# ---- DistributedOptimizer ------------------------------------------------------------------------
-
-class _Bucket:
-    __slots__ = ("params", "offsets", "flat", "ready", "req", "done_params")
-
-    def __init__(self, params, dtype):
-        self.params = params
-        self.offsets = []
-        n = 0
-        for p in params:
-            self.offsets.append(n)
-            n += p.numel()
-        self.flat = torch.zeros(n, dtype=dtype)
-        self.ready = 0
-        self.req = None
-        self.done_params = set()
-
-
-class _DistributedOptimizer:
-    """Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer)."""
-
-    def _hb_setup(self, base, named_parameters, op, backward_passes_per_step, bucket_bytes,
-                  gradient_predivide_factor, compression):
-        self._hb_base = base
-        wire = compressor(compression).wire_dtype  # a bucket travels in its gradients' wire dtype
-        self._hb_op = _op_of(None, op)
-        if self._hb_op not in (Average, Sum):
-            raise ValueError("DistributedOptimizer reduces gradients with Average or Sum")
-        self._hb_passes = int(backward_passes_per_step)
-        self._hb_predivide = float(gradient_predivide_factor)
-        if self._hb_predivide != 1.0 and self._hb_op != Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
-        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        if len({id(p) for p in params}) != len(params):
-            raise ValueError("a parameter appears twice in the optimizer's param_groups")
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            if len(set(names)) != len(names):
-                raise ValueError("named_parameters has duplicate names")
-            known = {id(p) for _, p in named}
-            missing = [i for i, p in enumerate(params) if id(p) not in known]
-            if missing:
-                raise ValueError(f"named_parameters lacks {len(missing)} of the optimizer's "
-                                 "parameters")
-        self._hb_comm = init()
-        self._hb_inline = _inline_policy()
-        for p in params:
-            if p.device.type != "cpu":
-                raise ValueError(f"hbmcoll: DistributedOptimizer needs CPU parameters, got {p.device}")
-            if p.is_sparse:
-                raise ValueError("hbmcoll: sparse parameters are not supported")
-        # gradients become final roughly in reverse order of the parameters: fill buckets so
-        # that the first bucket is the first to be complete
-        buckets, cur, cur_bytes, cur_dtype = [], [], 0, None
-        for p in reversed(params):
-            nb = p.numel() * p.element_size()
-            if cur and (wire(p.dtype) != cur_dtype or cur_bytes + nb > bucket_bytes):
-                buckets.append(_Bucket(cur, cur_dtype))
-                cur, cur_bytes = [], 0
-            cur.append(p)
-            cur_bytes += nb
-            cur_dtype = wire(p.dtype)
-        if cur:
-            buckets.append(_Bucket(cur, cur_dtype))
-        for b in buckets:
-            if b.flat.dtype not in _NATIVE_SET:
-                raise TypeError(f"hbmcoll: gradients of dtype {b.flat.dtype} are not supported")
-        self._hb_buckets = buckets
-        self._hb_where = {}
-        for bi, b in enumerate(buckets):
-            for p, off in zip(b.params, b.offsets):
-                self._hb_where[p] = (bi, off)
-        self._hb_count = {p: 0 for p in params}
-        self._hb_next = 0            # next bucket to start (buckets start in index order)
-        self._hb_dirty = False       # a gradient went into a bucket since the last synchronize
-        self._hb_skip = False
-        self._hb_hooks = [p.register_post_accumulate_grad_hook(self._hb_hook) for p in params]
-
-    # called by autograd when p.grad is final for this backward pass
-    def _hb_hook(self, p):
-        c = self._hb_count[p] + 1
-        if c < self._hb_passes:
-            self._hb_count[p] = c
-            return
-        self._hb_count[p] = 0
-        bi, off = self._hb_where[p]
-        b = self._hb_buckets[bi]
-        if p in b.done_params:
-            raise RuntimeError(
-                "hbmcoll DistributedOptimizer: a gradient was computed more than "
-                "backward_passes_per_step times before step(); call step() (or synchronize()) "
-                "after each backward, or raise backward_passes_per_step")
-        self._hb_fill(b, p, off)
-        self._hb_dirty = True
-        if b.ready == len(b.params):
-            self._hb_launch_ready()
-
-    def _hb_fill(self, b, p, off):
-        n = p.numel()
-        g = p.grad
-        dst = b.flat[off:off + n]
-        if g is None:
-            dst.zero_()
-        else:
-            if g.is_sparse:
-                g = g.to_dense()
-            dst.copy_(g.reshape(-1))
-        b.done_params.add(p)
-        b.ready += 1
-
-    def _hb_launch_ready(self):
-        bs = self._hb_buckets
-        while self._hb_next < len(bs) and bs[self._hb_next].ready == len(bs[self._hb_next].params):
-            b = bs[self._hb_next]
-            if self._hb_predivide != 1.0:
-                b.flat.mul_(1.0 / self._hb_predivide)
-            if self._hb_inline:
-                self._hb_comm.allreduce(b.flat, self._hb_op)
-                b.req = None
-            else:
-                b.req = self._hb_comm.iallreduce(b.flat, self._hb_op)
-            self._hb_next += 1
-
-    def synchronize(self):
-        """Finish the gradients' allreduce now (start what has not started: parameters
-        whose gradient did not come this step contribute their .grad, or zeros) and write the
-        reduced gradients into .grad."""
-        for b in self._hb_buckets:
-            if b.ready < len(b.params):
-                for p, off in zip(b.params, b.offsets):
-                    if p not in b.done_params:
-                        self._hb_fill(b, p, off)
-        self._hb_launch_ready()
-        for b in self._hb_buckets:
-            if b.req is not None:
-                b.req.wait()
-                b.req = None
-            if self._hb_predivide != 1.0:
-                b.flat.mul_(self._hb_predivide)
-            for p, off in zip(b.params, b.offsets):
-                src = b.flat[off:off + p.numel()].view(p.shape)
-                if p.grad is None:
-                    p.grad = src.to(p.dtype, copy=True)
-                else:
-                    p.grad.copy_(src)  # back in the gradient's own dtype
-            b.ready = 0
-            b.done_params.clear()
-        self._hb_next = 0
-        self._hb_dirty = False
-        for p in self._hb_count:
-            self._hb_count[p] = 0
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """For step() right after an explicit synchronize() (e.g. to clip gradients)."""
-        self._hb_skip = True
-        try:
-            yield
-        finally:
-            self._hb_skip = False
-
-    def step(self, closure=None):
-        if self._hb_dirty and not self._hb_skip:
-            self.synchronize()
-        return self._hb_base.step(self, closure)
-
-    def remove_hooks(self):
-        for h in self._hb_hooks:
-            h.remove()
-        self._hb_hooks = []
-
-
-# Horovod's arguments this one has no use for: accepted at the values that ask for nothing
-_HOROVOD_DEFAULTS = {"num_groups": (0, None), "groups": (None,), "process_set": (None,),
-                     "sparse_as_dense": (False, True)}  # sparse gradients are made dense anyway
-
-
-def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         bucket_cap_mb=4.0, **horovod):
-    """Wrap a torch optimizer so that step() applies the gradients averaged (op=Average) or
-    summed (op=Sum) over all ranks. The gradients are reduced during the backward pass, in
-    fused buckets of up to bucket_cap_mb; with backward_passes_per_step=k, k backward passes
-    accumulate locally before one allreduce. The result is an instance of a subclass of the
-    optimizer's class that shares the optimizer's parameter groups and state."""
-    for name, value in horovod.items():
-        if name not in _HOROVOD_DEFAULTS:
-            raise TypeError(f"DistributedOptimizer() got an unexpected keyword argument {name!r}")
-        if not any(value is v or (v is not None and value == v) for v in _HOROVOD_DEFAULTS[name]):
-            raise NotSupportedError(f"DistributedOptimizer({name}={value!r}): not supported; every rank's "
-                                    "gradients are reduced in fused buckets of bucket_cap_mb")
-    base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedOptimizer, base), {})
-    cls.step = _DistributedOptimizer.step
-    dopt = cls.__new__(cls)
-    dopt.__dict__.update(optimizer.__dict__)
-    dopt._hb_setup(base, named_parameters, op, backward_passes_per_step,
-                   int(bucket_cap_mb * 1024 * 1024), gradient_predivide_factor, compression)
-    return dopt

@@ -370,3 +370,48 @@ def test_example_ddp(launcher, tmp_path):
                        cwd=str(tmp_path))
     assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr[-4000:]}"
     assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+def _uneven_reference(P):
+    """horovod_uneven_job.py's training in one process: at step k the gradients of the ranks
+    that still have a batch are averaged; the weights after every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = []
+    for r in range(P):
+        g = torch.Generator().manual_seed(10 + r)
+        data.append([(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(3 + 2 * r)])
+    after = []
+    for k in range(3 + 2 * (P - 1)):
+        grads = []
+        for r in range(P):
+            if k < len(data[r]):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(data[r][k][0]), data[r][k][1]).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *gs in zip(model.parameters(), *grads):
+            p.grad = sum(gs) / len(gs)
+        opt.step()
+        after.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return after
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_a_horovod_script_with_uneven_data_joins(compression):
+    """The ranks that run out of data join; the others' steps average over the ranks still in
+    (against plain torch); join() gives the last rank on every rank."""
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "horovod_uneven_job.py")
+    env = dict(os.environ, PYTHONPATH=str(PYMOD), HBMCOLL_BIND="none", HBMCOLL_TIMEOUT="60")
+    res = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "3", sys.executable, job, compression],
+                         capture_output=True, text=True, env=env, timeout=180)
+    assert res.returncode == 0 and res.stdout.count("checks ok") == 3, res.stderr[-3000:]
+    after = _uneven_reference(3)
+    for line in res.stdout.splitlines():
+        if line.startswith("rank"):
+            f = line.split()
+            r, last, seen = int(f[1]), int(f[3]), [int(v) for v in f[5:f.index("weights")]]
+            w = torch.tensor([float(v) for v in f[f.index("weights") + 1:]])
+            assert last == 2 and seen == [24, 24, 24, 16, 16, 8, 8][:3 + 2 * r], line
+            tol = 2e-3 if compression == "fp16" else 1e-5  # float16 on the wire
+            assert torch.allclose(w, after[2 + 2 * r], atol=tol), (r, (w - after[2 + 2 * r]).abs().max())
