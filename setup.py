@@ -146,7 +146,7 @@ setup(
     license="BSD-3-Clause",
     package_dir={"": "pymod", "hbmcoll._bench": "bench"},
     packages=["hbmcoll", "hbmcoll._bench", "hbmcoll._bench.workers"],
-    package_data={"hbmcoll._bench": ["c/staged_floor.c"]},
+    package_data={"hbmcoll._bench": ["c/staged_floor.c"], "hbmcoll": ["py.typed", "*.pyi"]},  # PEP 561
     libraries=[] if PREBUILT else [libhbmcoll],
     ext_modules=[core],
     cmdclass={"build": Build, "build_clib": BuildClib, "build_ext": BuildExt, "build_py": BuildPy},

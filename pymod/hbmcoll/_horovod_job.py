@@ -53,6 +53,7 @@ class Job:
         return self.comm
 
     def is_initialized(self):
+        """True between init() and shutdown()."""
         return self.comm is not None and not self.comm.closed
 
     def shutdown(self):
@@ -62,15 +63,19 @@ class Job:
             c.close()
 
     def rank(self):
+        """This process's rank in the job."""
         return self.get().rank
 
     def size(self):
+        """How many ranks the job has."""
         return self.get().size
 
     def local_rank(self):
+        """This process's rank on its node."""
         return self.get().local_rank
 
     def local_size(self):
+        """How many ranks this node has."""
         return self.get().local_size
 
     def cross_rank(self):

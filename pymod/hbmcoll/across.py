@@ -343,6 +343,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(lambda: self._allreduce(buf, op, out))
 
     def iallreduce(self, buf, op="sum", out=None):
+        """allreduce in the background: a Request whose wait() gives its result."""
         out = buf if out is None else out
         self._op(op, buf)
         return self._start(lambda: self._allreduce(buf, op, out), out)
@@ -352,6 +353,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(self._reduce_fn(buf, op, root, out)[0])
 
     def ireduce(self, buf, op="sum", root=0, out=None):
+        """reduce in the background: a Request whose wait() gives its result."""
         return self._start(*self._reduce_fn(buf, op, root, out))
 
     def _reduce_fn(self, buf, op, root, out):
@@ -373,13 +375,16 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(lambda: self._bcast(buf, root))
 
     def ibcast(self, buf, root=0):
+        """bcast in the background: a Request whose wait() gives its result."""
         root = self._root(root)
         return self._start(lambda: self._bcast(buf, root), buf)
 
     def barrier(self):
+        """Returns once every rank of every node has called it."""
         self.allreduce(np.zeros(1, dtype=np.int32))
 
     def ibarrier(self):
+        """barrier in the background: a Request whose wait() gives its result."""
         return self.iallreduce(np.zeros(1, dtype=np.int32))
 
     def allgather(self, buf, out=None):
@@ -388,6 +393,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(lambda: self._allgather(buf, out))
 
     def iallgather(self, buf, out=None):
+        """allgather in the background: a Request whose wait() gives its result."""
         out = _empty_like(buf, (self.size,) + _shape(buf)) if out is None else out
         return self._start(lambda: self._allgather(buf, out), out)
 
@@ -396,6 +402,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(self._gather_fn(buf, root, out)[0])
 
     def igather(self, buf, root=0, out=None):
+        """gather in the background: a Request whose wait() gives its result."""
         return self._start(*self._gather_fn(buf, root, out))
 
     def _gather_fn(self, buf, root, out):
@@ -416,6 +423,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(self._scatter_fn(buf, root, out)[0])
 
     def iscatter(self, buf, root=0, out=None):
+        """scatter in the background: a Request whose wait() gives its result."""
         return self._start(*self._scatter_fn(buf, root, out))
 
     def _scatter_fn(self, buf, root, out):
@@ -443,6 +451,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(self._reduce_scatter_fn(buf, op, out)[0])
 
     def ireduce_scatter(self, buf, op="sum", out=None):
+        """reduce_scatter in the background: a Request whose wait() gives its result."""
         return self._start(*self._reduce_scatter_fn(buf, op, out))
 
     def _reduce_scatter_fn(self, buf, op, out):
@@ -489,6 +498,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._call(self._alltoall_fn(buf, out)[0])
 
     def ialltoall(self, buf, out=None):
+        """alltoall in the background: a Request whose wait() gives its result."""
         return self._start(*self._alltoall_fn(buf, out))
 
     def _alltoall_fn(self, buf, out):
@@ -501,6 +511,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return fn, out
 
     def empty(self, shape, dtype="float32"):
+        """An array in this node\'s shared arena (hbmcoll.empty with the node\'s communicator)."""
         return self._local.empty(shape, dtype)
 
     # -- ending --------------------------------------------------------------------------------

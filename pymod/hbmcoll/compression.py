@@ -50,6 +50,7 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
+    """Horovod's compression= choices: none, or fp16 (floating-point tensors travel as float16)."""
     none = NoneCompressor
     fp16 = FP16Compressor
 

@@ -274,6 +274,7 @@ class RemoteBuffer:
         return self._calls.call(self._read_fn(out)[0])
 
     def iread(self, out=None):
+        """read in the background, in order with this buffer\'s other calls: a Request."""
         return self._calls.start(*self._read_fn(out))
 
     def _read_fn(self, out):
@@ -294,6 +295,7 @@ class RemoteBuffer:
         self._calls.call(lambda: self._write_whole(raw))
 
     def iwrite(self, a):
+        """write in the background, in order with this buffer\'s other calls: a Request."""
         raw = self._check(a)
         return self._calls.start(lambda: self._write_whole(raw), None)
 
@@ -303,6 +305,7 @@ class RemoteBuffer:
         self._calls.call(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)))
 
     def iaccumulate(self, a, alpha=1.0):
+        """accumulate in the background, in order with this buffer\'s other calls: a Request."""
         raw = self._check(a)
         return self._calls.start(lambda: self._each_chunk(ms.ACCUMULATE, raw, float(alpha)), None)
 

@@ -371,6 +371,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=N
 
 
 def broadcast_async_(tensor, root_rank, name=None):
+    """Start broadcasting root_rank's tensor into tensor on every rank; synchronize(handle)."""
     _check_cpu(tensor, "broadcast")
     t = tensor.detach()
     buf = t if t.is_contiguous() else t.contiguous()

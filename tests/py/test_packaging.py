@@ -207,7 +207,7 @@ def test_manylinux_wheel_installs_and_runs(sdist, work, pip_env, outside):
     names = zipfile.ZipFile(whl).namelist()
     assert any(re.match(r"hbmcoll\.libs/libhwloc-[0-9a-f]+\.so", n) for n in names), names
     for member in ("hbmcoll/_bench/suite.py", "hbmcoll/_bench/c/staged_floor.c",
-                   "hbmcoll/lib/pkgconfig/hbmcoll.pc"):
+                   "hbmcoll/lib/pkgconfig/hbmcoll.pc", "hbmcoll/py.typed", "hbmcoll/__init__.pyi"):
         assert member in names, member
 
     venv = make_venv(work / "venv-wheel", whl, pip_env, outside)
