@@ -50,3 +50,45 @@ def test_mpiexec():
 def test_init_over_mpi4py():
     pytest.importorskip("mpi4py")
     _run(["mpiexec", "-n", str(N), sys.executable, SCRIPT, "--mpi"], "mpi4py")
+
+
+def _quick_start(tmp_path):
+    """README's Quick start script as it stands, and a line that says what each rank got."""
+    with open(os.path.join(HERE, "..", "..", "README.md")) as f:
+        readme = f.read()
+    block = readme.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    script = tmp_path / "train.py"
+    script.write_text(block + "\nimport os\nos.write(1, f'quick start rank {comm.rank} of {comm.size}: '"
+                              "f'{grads[0]} {params[0]} {None if losses is None else losses.shape}\\n'.encode())\n")
+    return str(script)
+
+
+def _srun(script):
+    """srun's environment for one node's step of N tasks, as Slurm sets it."""
+    procs = []
+    for r in range(N):
+        env = dict(_env(), SLURM_JOB_ID="5151", SLURM_STEP_ID="0", SLURM_PROCID=str(r), SLURM_STEP_NUM_TASKS=str(N),
+                   SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE=str(N),
+                   SLURM_STEP_NODELIST="localhost")
+        procs.append(subprocess.Popen([sys.executable, script], env=env, stdout=subprocess.PIPE, text=True))
+    return "".join(p.communicate(timeout=180)[0] for p in procs)
+
+
+@pytest.mark.parametrize("launcher", ["hbmcoll-run", "torchrun", "mpiexec", "mpiexec.openmpi", "srun"])
+def test_the_quick_start_runs_under_every_launcher(tmp_path, launcher):
+    script = _quick_start(tmp_path)
+    cmd = {"hbmcoll-run": [sys.executable, "-m", "hbmcoll.run", "-n", str(N), script],
+           "torchrun": ["torchrun", "--nproc-per-node", str(N), script],
+           "mpiexec": ["mpiexec", "-n", str(N), sys.executable, script],
+           "mpiexec.openmpi": ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", str(N),
+                               sys.executable, script]}.get(launcher)
+    if cmd is not None and shutil.which(cmd[0]) is None:
+        pytest.skip(f"{cmd[0]} is not installed")
+    if cmd is None:
+        out = _srun(script)
+    else:
+        p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+        assert p.returncode == 0, p.stdout + p.stderr
+        out = p.stdout
+    got = sorted(re.findall(r"quick start rank (\d) of (\d): (\S+) (\S+) (.+)", out))
+    assert got == [(str(r), str(N), "1.0", "0.0", "(4, 1)" if r == 0 else "None") for r in range(N)], out
