@@ -31,12 +31,13 @@ import tensorflow as tf
 from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
+from .errors import ArgumentError, NotSupportedError
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
            "broadcast_object", "allgather_object", "barrier", "join", "DistributedGradientTape",
            "DistributedOptimizer", "callbacks", "Average", "Sum", "Min", "Max", "Product",
-           "Adasum"]
+           "Adasum", "Compression"]
 
 
 _NATIVE = {np.dtype(t) for t in ("int8", "uint8", "int32", "int64", "float16", "float32",
@@ -57,6 +58,34 @@ barrier, join, _c = _job.barrier, _job.join, _job.get
 
 
 _op_of = _horovod_job.op_of
+
+
+class Compression:
+    """Horovod's compression= choices: none, or fp16 (floating-point tensors travel as
+    float16 and come back in their own dtype)."""
+
+    class none:
+        """Tensors travel as they are."""
+
+    class fp16:
+        """Floating-point tensors travel as float16."""
+
+
+def _wire(compression):
+    """The dtype floating-point tensors travel in, or None; an unknown choice is refused."""
+    if compression is None or compression is Compression.none:
+        return None
+    if compression is Compression.fp16:
+        return tf.float16
+    raise ArgumentError(f"compression={compression!r}: hbmcoll.tensorflow.Compression.none or .fp16")
+
+
+def _unsupported(**given):
+    """Horovod's arguments this module has no use for, at values that ask for something."""
+    for name, value in given.items():
+        if value not in ("", 0, None, False):
+            raise NotSupportedError(f"{name}={value!r}: not supported by hbmcoll.tensorflow (CPU tensors, "
+                                    "every rank, fused per dtype)")
 
 
 # ---- NumPy level: what runs eagerly or inside tf.numpy_function ------------------------------------
@@ -211,8 +240,10 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
                       sparse_as_dense=False):
     """allreduce of a list of tensors in one fused collective per dtype; None entries stay
-    None, tf.IndexedSlices are gathered (or densified with sparse_as_dense=True)."""
-    op = _op_of(average, op)
+    None, tf.IndexedSlices are gathered (or densified with sparse_as_dense=True). With
+    compression=Compression.fp16 floating-point tensors travel as float16."""
+    op, wire = _op_of(average, op), _wire(compression)
+    _unsupported(device_dense=device_dense, device_sparse=device_sparse)
     out = list(tensors)
     dense = []
     for i, t in enumerate(tensors):
@@ -225,10 +256,13 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
             continue
         dense.append(i)
     if dense:
-        red = _allreduce_differentiable([tf.convert_to_tensor(out[i]) for i in dense], op,
-                                        prescale_factor, postscale_factor)
-        for i, r in zip(dense, red):
-            out[i] = r
+        sent = [tf.convert_to_tensor(out[i]) for i in dense]
+        own = [t.dtype for t in sent]
+        if wire is not None:  # tf.cast is differentiable: gradients travel back the same way
+            sent = [tf.cast(t, wire) if t.dtype.is_floating else t for t in sent]
+        red = _allreduce_differentiable(sent, op, prescale_factor, postscale_factor)
+        for i, r, dt in zip(dense, red, own):
+            out[i] = tf.cast(r, dt) if r.dtype != dt else r
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices) and not sparse_as_dense:
             out[i] = _allreduce_sparse(t, op)
@@ -239,8 +273,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """tensor reduced over all ranks (default op Average); a new tensor. Differentiable for
     Average and Sum. tf.IndexedSlices are allgathered (Horovod's behaviour)."""
-    return grouped_allreduce([tensor], average, op=op, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor)[0]
+    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op=op,
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 
 
 def allgather(tensor, name=None):
@@ -340,6 +374,10 @@ class DistributedGradientTape:
                  num_groups=0, groups=None, process_set=None):
         self._tape = gradtape
         self._op = _op_of(None, op)
+        self._compression = compression
+        _wire(compression)
+        _unsupported(device_dense=device_dense, device_sparse=device_sparse, num_groups=num_groups, groups=groups,
+                     process_set=process_set)
         self._sparse_as_dense = sparse_as_dense
         self._predivide = float(gradient_predivide_factor)
         if self._predivide != 1.0 and self._op != Average:
@@ -349,8 +387,8 @@ class DistributedGradientTape:
     def gradient(self, target, sources, output_gradients=None, **kw):
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kw)
         flat = tf.nest.flatten(grads)
-        red = grouped_allreduce(flat, op=self._op, prescale_factor=1.0 / self._predivide,
-                                postscale_factor=self._predivide,
+        red = grouped_allreduce(flat, op=self._op, compression=self._compression,
+                                prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide,
                                 sparse_as_dense=self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, red)
 
@@ -380,12 +418,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     op = _op_of(None, op)
     if op not in (Average, Sum):
         raise ValueError("DistributedOptimizer reduces gradients with Average or Sum")
+    _wire(compression)
+    _unsupported(device_dense=device_dense, device_sparse=device_sparse, num_groups=num_groups, groups=groups,
+                 process_set=process_set)
     base = optimizer.__class__
     predivide = float(gradient_predivide_factor)
     init()
 
     def apply(self, grads, trainable_variables=None):
-        grads = grouped_allreduce(list(grads), op=op, prescale_factor=1.0 / predivide,
+        grads = grouped_allreduce(list(grads), op=op, compression=compression, prescale_factor=1.0 / predivide,
                                   postscale_factor=predivide, sparse_as_dense=sparse_as_dense)
         return base.apply(self, grads, trainable_variables)
 
@@ -402,50 +443,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 def _make_callbacks():
     import keras
 
-    class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-        """Start every rank from root_rank's model and optimizer variables: broadcast when
-        training begins and again after the first batch (optimizers may create their
-        variables on the first step)."""
-
-        def __init__(self, root_rank=0, device=""):
-            super().__init__()
-            self.root_rank = root_rank
-            self.done = False
-
-        def _variables(self):
-            vs = list(self.model.variables)
-            opt = getattr(self.model, "optimizer", None)
-            if opt is not None and getattr(opt, "built", True):
-                vs += list(opt.variables)
-            return vs
-
-        def on_train_begin(self, logs=None):
-            init()
-            broadcast_variables(self._variables(), self.root_rank)
-
-        def on_train_batch_end(self, batch, logs=None):
-            if not self.done:
-                broadcast_variables(self._variables(), self.root_rank)
-                self.done = True
-
-    class MetricAverageCallback(keras.callbacks.Callback):
-        """Average the epoch's metrics (logs) over the ranks at the end of each epoch."""
-
-        def on_epoch_end(self, epoch, logs=None):
-            if not logs:
-                return
-            keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-            vals = np.array([float(logs[k]) for k in keys], np.float64)
-            _c().allreduce(vals, Average)
-            for k, v in zip(keys, vals):
-                logs[k] = float(v)
-
-    mod = types.ModuleType(__name__ + ".callbacks", "Keras callbacks of hbmcoll.tensorflow")
-    mod.BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
-    mod.MetricAverageCallback = MetricAverageCallback
-    from .tf_sharing import callback_class
-    mod.ParameterSharingCallback = callback_class(keras)  # memory servers: async and hybrid sharing
-    return mod
+    from . import tf_callbacks
+    return tf_callbacks.module(keras, sys.modules[__name__])
 
 
 class _LazyCallbacks(types.ModuleType):

@@ -213,3 +213,51 @@ def test_example_keras(launcher, tmp_path):
     assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr[-4000:]}"
     assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
     assert "test accuracy" in p.stdout
+
+
+def rank_compression_and_lr(comm):
+    """Compression.fp16 travels as float16 and comes back in the tensor's dtype (gradients
+    too); arguments that ask for what hbmcoll does not do are refused; the warm-up callback
+    moves the learning rate every batch from lr / size to lr, the schedule per epoch."""
+    import tensorflow as tf
+    import keras
+    import hbmcoll
+    import hbmcoll.tensorflow as hvd
+    hvd.init(comm)
+    r, out = hvd.rank(), {}
+    t = hvd.allreduce(tf.fill([3], r + 0.5), compression=hvd.Compression.fp16, op=hvd.Sum)
+    x = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16)
+        y = tf.reduce_sum(x * x * (r + 1))
+    out["allreduce"] = (t.dtype.name, t.numpy().tolist(), tape.gradient(y, [x])[0].numpy().tolist())
+    out["refused"] = []
+    for call in (lambda: hvd.allreduce(t, compression="fp16"), lambda: hvd.allreduce(t, device_dense="/gpu:0"),
+                 lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2)):
+        try:
+            call()
+            out["refused"].append("accepted")
+        except (hbmcoll.ArgumentError, hbmcoll.NotSupportedError) as e:
+            out["refused"].append(type(e).__name__)
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(round(float(self.model.optimizer.learning_rate), 6))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.4)), loss="mse")
+    data = (np.ones((8, 2), np.float32), np.ones((8, 1), np.float32))
+    model.fit(*data, batch_size=2, epochs=3, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.LearningRateWarmupCallback(0.4, warmup_epochs=2),
+                         hvd.callbacks.LearningRateScheduleCallback(0.4, lambda e: 0.5 ** e, start_epoch=2), Record()])
+    out["lr"] = seen
+    return out
+
+
+def test_tensorflow_compression_arguments_and_lr_callbacks(run_ranks):
+    for r, got in enumerate(run_ranks(2, rank_compression_and_lr, timeout=300, env=TF_ENV)):
+        # the tape averages d/dx of (r + 1) x^2 over the ranks: 2x (1 + 2) / 2
+        assert got["allreduce"] == ("float32", [2.0] * 3, [3.0, 6.0]), got
+        assert got["refused"] == ["ArgumentError", "NotSupportedError", "NotSupportedError"]
+        warm = [0.4 / 2 * ((e + b / 4) * (2 - 1) / 2 + 1) for e in range(2) for b in range(4)]
+        assert got["lr"] == [round(v, 6) for v in warm] + [0.1] * 4, got["lr"]
