@@ -19,6 +19,13 @@ import noise
 import targets as T
 
 PEERS = ("mpi4py", "torch")
+# what each label of the tables and plots measures
+LABELS = {"mpi4py": "MPICH's collective through mpi4py (NumPy buffers)",
+          "torch": "torch.distributed with gloo (CPU tensors)",
+          "hbmcoll-numpy": "hbmcoll with NumPy buffers (private memory: staged through the shared segment)",
+          "hbmcoll-empty": "hbmcoll with hbmcoll.empty buffers (in the shared segment: no staging copy)",
+          "floor": "no communication: only the memory work an out-of-place allreduce cannot avoid",
+          "floor-staged": "bare C: that memory work plus the least data that must cross between ranks"}
 FLOOR = "floor"   # bench/workers/floor_worker.py: the local memory work alone
 FLOOR_MIN = 64 << 10   # below this the floor is mostly the cost of one NumPy call
 ORDER = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter", "alltoall",
@@ -175,8 +182,8 @@ def markdown(summ, lim, meta, oversub, tg=None):
                    "can cost here, so a peer's time over it is the largest speedup any library "
                    "with private buffers could show (from 64 KiB; below, it is mostly one "
                    "ctypes call).")
-    out.append("")
-    out += T.markdown(tg)
+    present_labels = sorted({s["label"] for s in summ})
+    out += ["", "Labels: " + "; ".join(f"`{lb}`: {LABELS.get(lb, lb)}" for lb in present_labels) + ".", ""]
     labels = sorted({s["label"] for s in summ}, key=lambda x: (x not in PEERS, PEERS.index(x)
                                                                 if x in PEERS else 0, x))
     for (coll, P) in sorted({(s["collective"], s["P"]) for s in summ}, key=_coll_key):
@@ -224,6 +231,7 @@ def markdown(summ, lim, meta, oversub, tg=None):
                         for z in bsz])
             out += _table(["", *[human(z) for z in bsz]], rows)
         out.append("")
+    out += T.markdown(tg)  # the targets, after the plain results
     if oversub:
         out += ["## Oversubscribed: 8-byte allreduce, more ranks than cores", "",
                 "MPICH's shared-memory path busy-polls, so ranks waiting for a descheduled "
@@ -277,7 +285,9 @@ def plots(outdir, summ, lim):
         a1.legend(fontsize=8)
         a2.legend(fontsize=8)
         fig.suptitle(f"{coll}, {P} ranks (float32)")
-        fig.tight_layout()
+        shown = sorted({s["label"] for s in ss})
+        fig.text(0.01, 0.01, "\n".join(f"{lb}: {LABELS.get(lb, lb)}" for lb in shown), fontsize=7, va="bottom")
+        fig.tight_layout(rect=(0, 0.04 + 0.025 * len(shown), 1, 1))
         name = f"{coll}_P{P}.png"
         fig.savefig(os.path.join(outdir, name), dpi=110)
         plt.close(fig)

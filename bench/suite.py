@@ -63,16 +63,28 @@ def csv_list(s):
     return [x for x in s.split(",") if x]
 
 
+LIBS = ("mpi4py", "torch", "hbmcoll", "floor", "floor-staged")
+
+
+def lib_list(s):
+    libs = csv_list(s)
+    bad = [x for x in libs if x not in LIBS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}: choose from {', '.join(LIBS)}")
+    return libs
+
+
 def args_parser():
     ap = argparse.ArgumentParser(prog="python -m hbmcoll.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="quick mode (the default)")
     ap.add_argument("--full", action="store_true", help="full OSU sweep, every variant")
-    ap.add_argument("--libs", type=csv_list,
-                    default=["mpi4py", "torch", "hbmcoll", "floor", "floor-staged"],
-                    help="floor: no communication, only the memory work of an out-of-place "
-                         "allreduce on each rank; floor-staged: that plus the least data that "
-                         "must cross between ranks, in bare C (bench/workers/floor_worker.py)")
+    ap.add_argument("--libs", type=lib_list, default=list(LIBS),
+                    help=f"comma-separated, from {', '.join(LIBS)}. mpi4py: MPICH's collectives; torch: "
+                         "gloo; hbmcoll: NumPy buffers (hbmcoll-numpy) and hbmcoll.empty ones "
+                         "(hbmcoll-empty); floor: no communication, only the memory work of an "
+                         "out-of-place allreduce on each rank; floor-staged: that plus the least data "
+                         "that must cross between ranks, in bare C (bench/workers/floor_worker.py)")
     ap.add_argument("--np", type=lambda s: [int(x) for x in csv_list(s)],
                     help="world sizes, e.g. 2,4,64 (quick: 2; full: 2 and the core count)")
     ap.add_argument("--collectives", type=csv_list)

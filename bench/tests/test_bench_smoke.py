@@ -189,11 +189,20 @@ def test_suite_runs_and_writes_files(tmp_path):
     if "mpi4py" in doc["meta"]["libraries"] and "hbmcoll" in doc["meta"]["libraries"]:
         ar64 = [t for t in doc["targets"] if t["target"] == "allreduce 64 KiB >= 3x MPICH"]
         assert ar64 and ar64[0]["measured"] > 0 and "## Speed targets" in table, doc["targets"]
+        # plain results first, each label explained, the target bookkeeping after them
+        assert table.index("## allreduce, 2 ranks") < table.index("## Speed targets")
+        assert "`hbmcoll-empty`: hbmcoll with hbmcoll.empty buffers" in table
     # the floor (no communication) is measured for allreduce only, the staged floor for
     # allreduce and gather, beside the libraries
     for lb, colls in (("floor", ["allreduce"]), ("floor-staged", ["allreduce", "gather"])):
         floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == lb}
         assert floor == {(c, z) for c in colls for z in (8, 65536)}, (lb, floor)
+
+
+def test_an_unknown_library_is_refused_with_the_valid_names():
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "suite.py"), "--libs", "hbmcoll,gloo"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "unknown gloo: choose from mpi4py, torch, hbmcoll, floor, floor-staged" in p.stderr
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):
