@@ -45,7 +45,7 @@ class _DistributedOptimizer:
     """Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def _hb_setup(self, base, named_parameters, op, backward_passes_per_step, bucket_bytes,
-                  gradient_predivide_factor, compression):
+                  gradient_predivide_factor, compression, process_set):
         self._hb_base = base
         wire = compressor(compression).wire_dtype  # a bucket travels in its gradients' wire dtype
         self._hb_op = op_of(None, op)
@@ -69,7 +69,9 @@ class _DistributedOptimizer:
                 raise ValueError(f"named_parameters lacks {len(missing)} of the optimizer's "
                                  "parameters")
         from . import torch as hvd
-        self._hb_comm, self._hb_joiner = hvd.init(), hvd._joiner
+        hvd.init()
+        self._hb_comm = hvd._c() if process_set is None else process_set._comm()
+        self._hb_joiner = hvd._joiner
         self._hb_inline = _inline_policy()
         for p in params:
             if p.device.type != "cpu":
@@ -203,18 +205,21 @@ class _DistributedOptimizer:
 
 
 # Horovod's arguments this one has no use for: accepted at the values that ask for nothing
-_HOROVOD_DEFAULTS = {"num_groups": (0, None), "groups": (None,), "process_set": (None,),
-                     "sparse_as_dense": (False, True)}  # sparse gradients are made dense anyway
+_HOROVOD_DEFAULTS = {"num_groups": (0, None), "groups": (None,), "sparse_as_dense": (False, True)}  # sparse gradients are made dense anyway
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         bucket_cap_mb=4.0, **horovod):
+                         bucket_cap_mb=4.0, process_set=None, **horovod):
     """Wrap a torch optimizer so that step() applies the gradients averaged (op=Average) or
     summed (op=Sum) over all ranks. The gradients are reduced during the backward pass, in
     fused buckets of up to bucket_cap_mb; with backward_passes_per_step=k, k backward passes
-    accumulate locally before one allreduce. The result is an instance of a subclass of the
-    optimizer's class that shares the optimizer's parameter groups and state."""
+    accumulate locally before one allreduce; with process_set= (a ProcessSet), over its ranks.
+    The result is an instance of a subclass of the optimizer's class that shares the
+    optimizer's parameter groups and state."""
+    from .process_sets import GlobalProcessSet
+    if isinstance(process_set, GlobalProcessSet):
+        process_set = None
     for name, value in horovod.items():
         if name not in _HOROVOD_DEFAULTS:
             raise TypeError(f"DistributedOptimizer() got an unexpected keyword argument {name!r}")
@@ -227,5 +232,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     dopt = cls.__new__(cls)
     dopt.__dict__.update(optimizer.__dict__)
     dopt._hb_setup(base, named_parameters, op, backward_passes_per_step,
-                   int(bucket_cap_mb * 1024 * 1024), gradient_predivide_factor, compression)
+                   int(bucket_cap_mb * 1024 * 1024), gradient_predivide_factor, compression, process_set)
     return dopt

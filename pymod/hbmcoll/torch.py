@@ -31,16 +31,20 @@ from . import _horovod_job
 from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from . import job as _job_mod
 from .compression import Compression, compressor  # noqa: F401 (Horovod's name)
-from .errors import ArgumentError, NotSupportedError
+from .errors import ArgumentError
 from .joining import ALLREDUCE, BARRIER, BCAST, OTHER, Joiner
+from . import process_sets as _ps
+from .process_sets import ProcessSet, entered, taking_process_set
 from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
 from ._torch_optimizer import _NATIVE_SET, DistributedOptimizer  # noqa: F401 (Horovod's name)
+from ._torch_syncbn import SyncBatchNorm  # noqa: F401 (Horovod's name)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
-           "grouped_allreduce", "alltoall", "reducescatter",
+           "grouped_allreduce", "alltoall", "reducescatter", "ProcessSet", "global_process_set",
+           "add_process_set", "remove_process_set", "SyncBatchNorm",
            "broadcast", "broadcast_", "broadcast_async_", "synchronize", "poll",
            "broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
@@ -70,11 +74,38 @@ def _default_comm():
 
 
 _job = _horovod_job.Job("hbmcoll.torch", _default_comm, owned=lambda comm: comm is not _dist_comm())
-init, shutdown, is_initialized = _job.init, _job.shutdown, _job.is_initialized
+shutdown, is_initialized = _job.shutdown, _job.is_initialized
 rank, size, local_rank, local_size = _job.rank, _job.size, _job.local_rank, _job.local_size
 cross_rank, cross_size = _job.cross_rank, _job.cross_size
-_c = _job.get
 _joiner = Joiner()
+global_process_set = _ps.GlobalProcessSet()
+
+
+def init(comm=None, process_sets=None):
+    """Join the job (idempotent): the given hbmcoll communicator, torch.distributed's hbmcoll
+    group, else one made from the launcher's environment; then add process_sets (ProcessSet
+    objects or lists of ranks), on every rank alike."""
+    c = _job.init(comm)
+    for ps in process_sets or ():
+        add_process_set(ps)
+    return c
+
+
+def add_process_set(process_set):
+    """Make a ProcessSet (or a list of ranks) usable as process_set=; every rank calls it alike."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    return _ps.add(_job.get(), ps)
+
+
+def remove_process_set(process_set):
+    """The set's communicator closes; process_set= no longer takes it."""
+    _ps.remove(process_set)
+
+
+def _c():
+    """The communicator of the current call: its process set's, else the job's."""
+    ps = _ps.current.get()
+    return ps.comm if ps is not None else _job.get()
 
 
 def barrier():
@@ -174,20 +205,22 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, prescale, postscale):
+        ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
         ctx.op, ctx.scale = op, prescale * postscale
         return synchronize(allreduce_async(tensor, op=op, prescale_factor=prescale,
                                            postscale_factor=postscale))
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.op not in (Average, Sum):
-            raise RuntimeError(f"hbmcoll: allreduce with op {ctx.op!r} has no gradient")
-        # every rank's output depends on every rank's input: the gradient of an allreduce is
-        # the allreduce (same op) of the gradients
-        g = synchronize(allreduce_async(grad, op=ctx.op))
-        if ctx.scale != 1.0:
-            g.mul_(ctx.scale)
-        return g, None, None, None
+        with entered(ctx.ps):
+            if ctx.op not in (Average, Sum):
+                raise RuntimeError(f"hbmcoll: allreduce with op {ctx.op!r} has no gradient")
+            # every rank's output depends on every rank's input: the gradient of an allreduce is
+            # the allreduce (same op) of the gradients
+            g = synchronize(allreduce_async(grad, op=ctx.op))
+            if ctx.scale != 1.0:
+                g.mul_(ctx.scale)
+            return g, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -231,16 +264,18 @@ def _allgather(t):
 class _AllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor):
+        ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
         out, firsts = _allgather(tensor)
         ctx.firsts = firsts
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        g = synchronize(allreduce_async(grad, op=Sum))
-        r = rank()
-        start = sum(ctx.firsts[:r])
-        return g[start:start + ctx.firsts[r]]
+        with entered(ctx.ps):
+            g = synchronize(allreduce_async(grad, op=Sum))
+            r = _c().rank
+            start = sum(ctx.firsts[:r])
+            return g[start:start + ctx.firsts[r]]
 
 
 def allgather(tensor, name=None):
@@ -253,10 +288,9 @@ def allgather(tensor, name=None):
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None):
+                      postscale_factor=1.0):
     """allreduce of a list of tensors as one: fused into a flat buffer per dtype, one allreduce
     each; returns new tensors in the list's order and shapes."""
-    _no_process_set(process_set)
     if not tensors:
         return []
     for t in tensors:
@@ -277,12 +311,6 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     return out
 
 
-def _no_process_set(process_set):
-    if process_set is not None:
-        raise NotSupportedError("process sets: hbmcoll's Horovod functions run on every rank; use "
-                                "hbmcoll's split() or torch.distributed.new_group for subsets")
-
-
 def _rows(tensor, splits, what):
     """tensor's rows (dim 0) per rank, checked, and the elements in a row."""
     c = _c()
@@ -300,6 +328,7 @@ def _rows(tensor, splits, what):
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits):
+        ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
         out, received = _alltoall(tensor, splits)
         ctx.received = received.tolist()
         ctx.mark_non_differentiable(received)
@@ -307,7 +336,8 @@ class _AlltoallFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _):
-        return _alltoall(grad.contiguous(), ctx.received)[0], None
+        with entered(ctx.ps):
+            return _alltoall(grad.contiguous(), ctx.received)[0], None
 
 
 def _alltoall(tensor, splits):
@@ -319,12 +349,11 @@ def _alltoall(tensor, splits):
     return out.view((int(received.sum()),) + tuple(tensor.shape[1:])), torch.from_numpy(received)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor, splits=None, name=None):
     """Rows (dim 0) of tensor, splits[j] of them to rank j (default: evenly); returns the rows
     received from every rank in rank order, and how many came from each (a tensor).
     Differentiable."""
     _check_cpu(tensor, "alltoall")
-    _no_process_set(process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AlltoallFn.apply(tensor, splits)
     return _alltoall(tensor, splits)
@@ -333,13 +362,15 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, prescale, postscale):
+        ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
         ctx.scale = prescale * postscale
         return _reducescatter(tensor, op, prescale, postscale)
 
     @staticmethod
     def backward(ctx, grad):
-        g = _allgather(grad)[0]
-        return g * ctx.scale, None, None, None
+        with entered(ctx.ps):
+            g = _allgather(grad)[0]
+            return g * ctx.scale, None, None, None
 
 
 def _reducescatter(tensor, op, prescale, postscale):
@@ -356,13 +387,11 @@ def _reducescatter(tensor, op, prescale, postscale):
     return out.view((splits[c.rank],) + tuple(tensor.shape[1:]))
 
 
-def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor, name=None, compression=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """tensor reduced over the ranks (default op Average) and split along dim 0: rank r gets its
     share of the rows (the first ranks one more when they do not split evenly). Differentiable
     for Average and Sum."""
     _check_cpu(tensor, "reducescatter")
-    _no_process_set(process_set)
     op, comp = _op_of(None, op), compressor(compression)
     sent, ctx = comp.compress(tensor)
     if sent.requires_grad and torch.is_grad_enabled():
@@ -392,13 +421,15 @@ def broadcast_(tensor, root_rank, name=None):
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank):
+        ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
         ctx.root = root_rank
         return broadcast_(tensor.detach().clone(), root_rank)
 
     @staticmethod
     def backward(ctx, grad):
-        g = synchronize(allreduce_async(grad, op=Sum))
-        return (g if rank() == ctx.root else torch.zeros_like(g)), None
+        with entered(ctx.ps):
+            g = synchronize(allreduce_async(grad, op=Sum))
+            return (g if _c().rank == ctx.root else torch.zeros_like(g)), None
 
 
 def broadcast(tensor, root_rank, name=None):
@@ -461,3 +492,8 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         optimizer.load_state_dict(torch.load(io.BytesIO(state), weights_only=False))
 
 
+# process_set= on every collective of this module (Horovod's keyword): the call runs on the set
+for _name in ("barrier", "allreduce_async_", "allreduce_async", "allreduce_", "allreduce", "allgather",
+              "grouped_allreduce", "alltoall", "reducescatter", "broadcast_async_", "broadcast_", "broadcast",
+              "broadcast_object", "allgather_object", "broadcast_parameters", "broadcast_optimizer_state"):
+    globals()[_name] = taking_process_set(globals()[_name])

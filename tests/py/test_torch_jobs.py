@@ -415,3 +415,57 @@ def test_a_horovod_script_with_uneven_data_joins(compression):
             assert last == 2 and seen == [24, 24, 24, 16, 16, 8, 8][:3 + 2 * r], line
             tol = 2e-3 if compression == "fp16" else 1e-5  # float16 on the wire
             assert torch.allclose(w, after[2 + 2 * r], atol=tol), (r, (w - after[2 + 2 * r]).abs().max())
+
+
+def rank_process_sets_and_sync_bn(comm):
+    """Process sets: collectives on ranks 0 and 2 only (rank 1 is not asked), gradients through
+    them, an optimizer over the set, a set added differently is a mismatch everywhere.
+    SyncBatchNorm over 3 ranks' thirds of a batch: torch's BatchNorm2d on the whole batch."""
+    import hbmcoll
+    import hbmcoll.torch as hvd
+    ps = hvd.ProcessSet([0, 2])
+    hvd.init(comm, process_sets=[ps])
+    r, out = hvd.rank(), {}
+    if ps.included():
+        x = torch.full((2,), float(r + 1), requires_grad=True)
+        y = hvd.allreduce(x, op=hvd.Sum, process_set=ps)
+        y.sum().backward()
+        g = hvd.allgather(torch.tensor([float(r)]), process_set=ps)
+        out["set"] = (ps.rank(), ps.size(), y.tolist(), x.grad.tolist(), g.tolist())
+        m = torch.nn.Linear(2, 1)
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0, process_set=ps)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), process_set=ps)
+        m(torch.full((1, 2), float(r))).sum().backward()
+        opt.step()
+        out["opt"] = len({str(w) for w in hvd.allgather_object(m.weight.detach().tolist(), process_set=ps)})
+    else:
+        try:
+            hvd.allreduce(torch.ones(1), process_set=ps)
+        except hbmcoll.ArgumentError as e:
+            out["set"] = str(e)
+    try:
+        hvd.add_process_set([0, 1] if r == 0 else [1, 2])
+    except hbmcoll.MismatchError:
+        out["mismatch"] = True
+    torch.manual_seed(0)
+    whole = torch.randn(6, 3, 2, 2) * 3 + 1
+    mine = whole[2 * r:2 * r + 2].clone().requires_grad_()
+    bn = hvd.SyncBatchNorm(3)
+    w = torch.arange(24.0).reshape(2, 3, 2, 2) + r
+    (bn(mine) * w).sum().backward()
+    wgrad = hvd.allreduce(bn.weight.grad, op=hvd.Sum)
+    ref_bn, ref_x = torch.nn.BatchNorm2d(3), whole.clone().requires_grad_()
+    (ref_bn(ref_x) * torch.cat([torch.arange(24.0).reshape(2, 3, 2, 2) + k for k in range(3)])).sum().backward()
+    out["bn"] = [bool(torch.allclose(a, b, atol=1e-4)) for a, b in (
+        (mine.grad, ref_x.grad[2 * r:2 * r + 2]), (wgrad, ref_bn.weight.grad),
+        (bn.running_mean, ref_bn.running_mean), (bn.running_var, ref_bn.running_var))]
+    return out
+
+
+def test_process_sets_and_sync_batch_norm(run_ranks):
+    res = run_ranks(3, rank_process_sets_and_sync_bn, timeout=120)
+    assert res[0]["set"] == (0, 2, [4.0, 4.0], [2.0, 2.0], [0.0, 2.0]) and res[0]["opt"] == 1
+    assert res[2]["set"] == (1, 2, [4.0, 4.0], [2.0, 2.0], [0.0, 2.0]) and res[2]["opt"] == 1
+    assert "this rank is not in it" in res[1]["set"]
+    assert all(r.get("mismatch") for r in res)
+    assert all(r["bn"] == [True] * 4 for r in res), [r["bn"] for r in res]
