@@ -425,6 +425,10 @@ static PyObject *comm_get_single_copy(hb_comm_t *self, void *c) {
   (void)c;
   return PyBool_FromLong(self->comm && coll_comm_single_copy(self->comm));
 }
+static PyObject *comm_get_algorithm(hb_comm_t *self, void *c) {
+  (void)c;
+  return PyUnicode_FromString(self->comm ? coll_comm_algorithm(self->comm) : "");
+}
 static PyObject *comm_get_error(hb_comm_t *self, void *c) {
   (void)c;
   if (self->comm == NULL) Py_RETURN_NONE;
@@ -458,6 +462,7 @@ static PyGetSetDef comm_getset[] = {
     {"single_copy", (getter)comm_get_single_copy, NULL,
      "large bcast/gather copy straight between the ranks' own buffers", NULL},
     {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
+    {"algorithm", (getter)comm_get_algorithm, NULL, "what the last collective ran as ('' before one)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot comm_slots[] = {

@@ -177,6 +177,10 @@ int coll_comm_error(const coll_comm_t *comm, const char **text_p);
 /* 1 if large bcast and gather copy straight between the ranks' own buffers
  * (process_vm_readv/writev works between every pair of ranks), else 0. */
 int coll_comm_single_copy(const coll_comm_t *comm);
+/* The algorithm the last collective on comm ran as ("flat", "rsag", "push", "tree",
+ * "eager", "pipelined", "arena", "single-copy", "exchange", ...), for logs and timelines; a
+ * static string, "" before the first. */
+const char *coll_comm_algorithm(const coll_comm_t *comm);
 
 /* ---- shared arena (zero-copy buffers) ---------------------------------- */
 /* Local: memory inside this communicator's shared segment, `align`ed (power of

@@ -115,6 +115,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
     if (rc) return rc;
     if (k == 0 && spec && ar_any_arena(c)) { /* all see the same descriptors */
       coll__round_handover(c, t0);
+      c->algorithm = "rsag";
       return ar_rsag(c, a);
     }
     int any_zc = 0;
@@ -208,7 +209,10 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
-    if (k == 0 && zc && stream && ar_all_in_arena(c)) return ar_push(c, a, t0);
+    if (k == 0 && zc && stream && ar_all_in_arena(c)) {
+      c->algorithm = "push";
+      return ar_push(c, a, t0);
+    }
     if (k < K) { /* reduce my slice of chunk k; my own part straight from send */
       for (int q = 0; q < P; q++) {
         uint64_t qoff = coll__peer_desc(c, q)->send_off;
@@ -240,16 +244,20 @@ int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int algo = coll__forced_algo(c, a->kind);
   if (coll__tree_wanted(c, a->kind, a->count && nbytes <= coll__small_max(c) &&
-                                        nbytes <= coll__slot_bytes(c)))
+                                        nbytes <= coll__slot_bytes(c))) {
+    c->algorithm = "tree";
     return coll__reduce_tree(c, a);
+  }
   if (algo && algo == coll__algo_id(a->kind, "tree")) algo = 0; /* too large for it: choose */
   if (a->count == 0 || (algo == 0 && nbytes <= coll__small_max(c))) {
     algo = AR_FLAT;
   } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE &&
              nbytes < coll__stream_min(c)) {
+    c->algorithm = "flat";
     return ar_flat(c, a, 1);
   } else if (algo == 0) {
     algo = AR_RSAG;
   }
+  c->algorithm = algo == AR_RSAG ? "rsag" : "flat"; /* rsag may turn to push (ar_rsag) */
   return algo == AR_RSAG ? ar_rsag(c, a) : ar_flat(c, a, 0);
 }

@@ -56,8 +56,11 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   size_t chunk = coll__slot_bytes(c);
   int small = nbytes <= coll__small_max(c) && nbytes <= chunk;
+  c->algorithm = "tree";
   if (coll__tree_wanted(c, COLL_BCAST, small)) return coll__bcast_tree(c, a);
+  c->algorithm = "eager";
   if (small) return bcast_eager(c, a, nbytes);
+  c->algorithm = "pipelined"; /* or, as the root's descriptor says, from the arena or single copy */
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, rc;
   uint8_t *buf = a->recv;
@@ -70,6 +73,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   }
   uint64_t t0 = coll__round_begin(c, a, BC_PIPELINED, zoff, 0);
   if (single) coll__round_single_copy(c);
+  if (zoff) c->algorithm = single ? "single-copy" : "arena";
   coll__publish(c, t0);
 
   if (c->rank == root) {
@@ -89,6 +93,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
 
   if ((rc = coll__meet(c, root, t0)) != 0) return rc;
   uint64_t root_off = coll__peer_desc(c, root)->send_off;
+  if (root_off) c->algorithm = coll__peer_desc(c, root)->single_copy ? "single-copy" : "arena";
   int stream = nbytes >= coll__stream_min(c); /* my copy is written once */
   if (root_off) {
     if ((rc = coll__wait(c, root, t0 + 1)) != 0) return rc;

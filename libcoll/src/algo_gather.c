@@ -84,10 +84,14 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   size_t chunk = coll__slot_bytes(c);
   int small = nbytes <= coll__small_max(c) && nbytes <= chunk;
-  if (coll__tree_wanted(c, COLL_GATHER, small && nbytes * (size_t)(c->size - 1) <= chunk))
+  if (coll__tree_wanted(c, COLL_GATHER, small && nbytes * (size_t)(c->size - 1) <= chunk)) {
+    c->algorithm = "tree";
     return coll__gather_tree(c, a);
+  }
+  int single = !small && coll__single_copy_from(c, nbytes);
+  c->algorithm = small ? "eager" : single ? "single-copy" : "pipelined";
   if (small) return gather_eager(c, a, nbytes);
-  if (coll__single_copy_from(c, nbytes)) return gather_single_copy(c, a, nbytes);
+  if (single) return gather_single_copy(c, a, nbytes);
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1;
   int root = a->root, me = c->rank, rc = 0;
   const uint8_t *send = a->send;

@@ -73,6 +73,8 @@ void coll__cma_agree(coll_comm_t *c) {
 
 int coll_comm_single_copy(const coll_comm_t *c) { return c ? c->cma : 0; }
 
+const char *coll_comm_algorithm(const coll_comm_t *c) { return c && c->algorithm ? c->algorithm : ""; }
+
 /* Copies n bytes between my `local` and `remote` in rank `peer` (write: to
  * the peer). A failure here is unexpected (the probe worked), most likely the
  * peer died: the communicator fails on every rank. */

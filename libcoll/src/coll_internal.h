@@ -143,6 +143,7 @@ struct coll_comm {
   coll__worker_t *worker;
   uint64_t cma_probe; /* the word peers read to test single copy */
   int cma;            /* single copy works between every pair (same on all ranks) */
+  const char *algorithm; /* what the last collective ran as (a static string: logs, timeline) */
 };
 
 /* ---- param.c ---- */

@@ -34,6 +34,7 @@ int coll__check_args(const coll_comm_t *c, const coll_args_t *a) {
 }
 
 static int coll_dispatch(coll_comm_t *c, const coll_args_t *a) {
+  c->algorithm = "pipelined"; /* scatter and the exchanges have one; the others say which (logs) */
   switch (a->kind) {
   case COLL_BARRIER: return coll__barrier(c, a);
   case COLL_BCAST: return coll__bcast(c, a);

@@ -3,7 +3,7 @@
 
 One file for the job: Chrome's trace event format, a JSON array of complete events ("ph": "X")
 with the call's name, start and duration in microseconds of the wall clock, the bytes of its
-buffer, a process per rank ("rank R") and a thread per communicator. A nonblocking call lasts
+buffer and, on one node, the algorithm it ran as, a process per rank ("rank R") and a thread per communicator. A nonblocking call lasts
 until its request is first seen done (wait, test). Calls made inside others (an object
 collective's allgathers) nest under them.
 
@@ -60,7 +60,7 @@ def watch(comm):
     for name in CALLS + STARTS:
         fn = getattr(comm, name, None)
         if fn is not None:
-            setattr(comm, name, _timed(comm.rank, tid, name, fn, name in STARTS))
+            setattr(comm, name, _timed(comm, tid, name, fn, name in STARTS))
 
 
 def made(comm):
@@ -86,24 +86,32 @@ def _nbytes(args):
     return int(n)
 
 
-def _timed(rank, tid, name, fn, starts):
+def _timed(comm, tid, name, fn, starts):
+    core = getattr(comm, "_c", None)  # one node's: it says which algorithm ran
+    rank = comm.rank
+
     @functools.wraps(fn)
     def call(*args, **kw):
         t0, nbytes = time.time_ns(), _nbytes(args)
         got = fn(*args, **kw)
         if starts:
             return _TimedRequest(got, rank, tid, name, nbytes, t0)
-        _done(rank, tid, name, nbytes, t0)
+        _done(rank, tid, name, nbytes, t0, algorithm=getattr(core, "algorithm", None))
         return got
     return call
 
 
-def _done(rank, tid, name, nbytes, t0, note=None):
+def _done(rank, tid, name, nbytes, t0, note=None, algorithm=None):
     t1 = time.time_ns()
-    args = {"bytes": nbytes} if note is None else {"bytes": nbytes, "end": note}
+    args = {"bytes": nbytes}
+    if note is not None:
+        args["end"] = note
+    if algorithm:
+        args["algorithm"] = algorithm
     _event({"name": name, "ph": "X", "ts": t0 / 1000, "dur": (t1 - t0) / 1000, "pid": _state["pid"], "tid": tid,
             "args": args})
-    log.say(logging.DEBUG, rank, f"{name} {nbytes} bytes {(t1 - t0) / 1e3:.1f} us")
+    log.say(logging.DEBUG, rank, f"{name} {nbytes} bytes {(t1 - t0) / 1e3:.1f} us" +
+            (f" ({algorithm})" if algorithm else ""))
 
 
 class _TimedRequest:

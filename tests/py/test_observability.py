@@ -44,6 +44,8 @@ def test_a_timeline_parses_with_every_ranks_calls(tmp_path):
                for r in range(3)), names
     assert all(e["dur"] >= 0 and e["args"]["bytes"] >= 0 for e in calls)
     assert {e["args"]["bytes"] for e in calls if e["name"] == "allreduce"} == {4000}
+    # 4000 bytes: the copy-in allreduce, as the core chose it (HBMCOLL_SMALL_MAX: 16K)
+    assert {e["args"].get("algorithm") for e in calls if e["name"] == "allreduce"} == {"flat"}
     for r in range(3):  # the object collective's allgathers lie inside it
         outer = [e for e in calls if e["pid"] == r and e["name"] == "allgather_object"][0]
         inner = [e for e in calls if e["pid"] == r and e["name"] == "allgather"]
@@ -65,6 +67,7 @@ def test_log_levels_say_what_they_promise(tmp_path):
         assert f"hbmcoll [rank {r}]: a wait ends after 60" in info.stderr
     assert "allreduce 4000 bytes" not in info.stderr
     assert debug.stderr.count("]: allreduce 4000 bytes") == 6, debug.stderr
+    assert debug.stderr.count(" us (flat)") >= 6, debug.stderr
     assert debug.stderr.count("]: iallreduce 4000 bytes") == 2
 
 
