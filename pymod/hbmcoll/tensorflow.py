@@ -34,7 +34,8 @@ from . import job as _job_mod
 from .errors import ArgumentError, NotSupportedError
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-           "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
+           "allreduce", "grouped_allreduce", "allgather", "alltoall", "reducescatter", "broadcast",
+           "broadcast_variables",
            "broadcast_object", "allgather_object", "barrier", "join", "DistributedGradientTape",
            "DistributedOptimizer", "callbacks", "Average", "Sum", "Min", "Max", "Product",
            "Adasum", "Compression"]
@@ -190,6 +191,34 @@ def _np_allgather(a):
     return np.concatenate([got[i, :int(firsts[i])] for i in range(c.size)]), firsts
 
 
+def _np_alltoall(a, splits):
+    """Rows of a, splits[j] of them to rank j: the rows received (rank order) and their counts."""
+    c, a = _c(), _contig(a)
+    splits = [int(v) for v in np.asarray(splits).reshape(-1)]
+    if len(splits) != c.size or sum(splits) != (a.shape[0] if a.ndim else 1) or min(splits) < 0:
+        raise ArgumentError(f"alltoall: splits must be {c.size} counts >= 0 adding up to the rows of the tensor")
+    row = a[0].nbytes if a.ndim and a.shape[0] else 0
+    received = c.alltoall(np.array(splits, np.int64))
+    raw = a.reshape(-1).view(np.uint8)  # any dtype, bfloat16 too: rows travel as bytes
+    got = c.alltoallv(raw, [k * row for k in splits]) if row else np.zeros(0, np.uint8)
+    return got.view(a.dtype).reshape((int(received.sum()),) + a.shape[1:]), received
+
+
+def _np_reducescatter(a, op, prescale, postscale):
+    """a reduced over the ranks; this rank's share of the rows (the first ranks one more)."""
+    c, a = _c(), _contig(a)
+    n0 = a.shape[0] if a.ndim else 1
+    rows = [n0 // c.size + (r < n0 % c.size) for r in range(c.size)]
+    row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 1
+    flat = np.array(a, dtype=_red_dtype(a.dtype), copy=True).reshape(-1)
+    if prescale != 1.0:
+        flat *= prescale
+    mine = c.reduce_scatter(flat, op=op, counts=[k * row for k in rows])
+    if postscale != 1.0:
+        mine *= postscale
+    return mine.reshape((rows[c.rank],) + a.shape[1:]).astype(a.dtype, copy=False)
+
+
 # ---- TensorFlow level ------------------------------------------------------------------------------
 
 def _np_fn(fn, inputs, touts):
@@ -297,6 +326,61 @@ def allgather(tensor, name=None):
             return tf.reshape(g, tf.shape(x))
         return y, grad
     return f(tensor)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
+    """Rows (dimension 0) of tensor, splits[j] of them to rank j (default: evenly); returns the
+    rows received from every rank in rank order, and how many came from each. Differentiable."""
+    _unsupported(process_set=process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    if splits is None:
+        n0, P = int(tensor.shape[0]), size()
+        if n0 % P:
+            raise ArgumentError(f"alltoall: {n0} rows do not split evenly over {P} ranks: give splits")
+        splits = [n0 // P] * P
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+
+    @tf.custom_gradient
+    def f(x):
+        y, received = _np_fn(_np_alltoall_list, [x, splits], [x.dtype, tf.int64])
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+        def grad(dy, _):
+            g, _ = _np_fn(_np_alltoall_list, [dy, received], [dy.dtype, tf.int64])
+            return tf.reshape(g, tf.shape(x))
+        return (y, received), grad
+    return f(tensor)
+
+
+def _np_alltoall_list(a, splits):
+    return list(_np_alltoall(a, splits))
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """tensor reduced over the ranks (default op Average) and split along dimension 0: this
+    rank's share of the rows (the first ranks one more when they do not split evenly).
+    Differentiable for Average and Sum."""
+    _unsupported(device_dense=device_dense, process_set=process_set)
+    op, wire, tensor = _op_of(None, op), _wire(compression), tf.convert_to_tensor(tensor)
+    own = tensor.dtype
+    if wire is not None and own.is_floating:
+        tensor = tf.cast(tensor, wire)
+
+    @tf.custom_gradient
+    def f(x):
+        y, = _np_fn(lambda a: [_np_reducescatter(a, op, prescale_factor, postscale_factor)], [x], [x.dtype])
+        y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+        def grad(dy):
+            if op not in (Average, Sum):
+                raise ValueError(f"hbmcoll: reducescatter with op {op!r} has no gradient")
+            g = allgather(dy) * tf.cast(prescale_factor * postscale_factor / (size() if op == Average else 1),
+                                         dy.dtype)
+            return tf.reshape(g, tf.shape(x))
+        return y, grad
+    out = f(tensor)
+    return tf.cast(out, own) if out.dtype != own else out
 
 
 def _allgather_sizes(n):

@@ -231,6 +231,13 @@ def rank_compression_and_lr(comm):
         tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16)
         y = tf.reduce_sum(x * x * (r + 1))
     out["allreduce"] = (t.dtype.name, t.numpy().tolist(), tape.gradient(y, [x])[0].numpy().tolist())
+    got, splits = hvd.alltoall(tf.reshape(tf.range(4.0), (2, 2)) + 100 * r)
+    x2 = tf.Variable(tf.ones((4, 1)) * (r + 1))
+    with tf.GradientTape() as tp:
+        z = tf.reduce_sum(hvd.reducescatter(x2, op=hvd.Sum) * (r + 1))
+    out["alltoall"] = (got.numpy().tolist(), splits.numpy().tolist(),
+                       hvd.reducescatter(tf.ones((3, 2)) * (r + 1), op=hvd.Sum).numpy().tolist(),
+                       tp.gradient(z, x2).numpy().ravel().tolist())
     out["refused"] = []
     for call in (lambda: hvd.allreduce(t, compression="fp16"), lambda: hvd.allreduce(t, device_dense="/gpu:0"),
                  lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2)):
@@ -259,5 +266,9 @@ def test_tensorflow_compression_arguments_and_lr_callbacks(run_ranks):
         # the tape averages d/dx of (r + 1) x^2 over the ranks: 2x (1 + 2) / 2
         assert got["allreduce"] == ("float32", [2.0] * 3, [3.0, 6.0]), got
         assert got["refused"] == ["ArgumentError", "NotSupportedError", "NotSupportedError"]
+        # row r of every rank comes to rank r; 3 rows reduce-scattered as 2 + 1; the gradient
+        # of rank q's rows weighted by q + 1 reaches every rank's input
+        assert got["alltoall"] == ([[2.0 * r, 2.0 * r + 1], [100 + 2.0 * r, 101 + 2.0 * r]], [1, 1],
+                                   [[3.0, 3.0]] * (2 - r), [1.0, 1.0, 2.0, 2.0]), got["alltoall"]
         warm = [0.4 / 2 * ((e + b / 4) * (2 - 1) / 2 + 1) for e in range(2) for b in range(4)]
         assert got["lr"] == [round(v, 6) for v in warm] + [0.1] * 4, got["lr"]
