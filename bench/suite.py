@@ -63,7 +63,11 @@ def csv_list(s):
     return [x for x in s.split(",") if x]
 
 
-LIBS = ("mpi4py", "torch", "hbmcoll", "floor", "floor-staged")
+LIBS = ("mpi4py", "openmpi", "torch", "hbmcoll", "floor", "floor-staged")
+# Open MPI's peer: mpi4py built against Open MPI, in a virtual environment of its own (Debian's
+# mpi4py here is MPICH's); `make openmpi-peer` makes it at build/ompi-venv
+OMPI_PYTHON = os.environ.get("HBMCOLL_BENCH_OPENMPI_PYTHON") or os.path.join(
+    os.path.dirname(HERE), "build", "ompi-venv", "bin", "python")
 
 
 def lib_list(s):
@@ -80,7 +84,9 @@ def args_parser():
     ap.add_argument("--quick", action="store_true", help="quick mode (the default)")
     ap.add_argument("--full", action="store_true", help="full OSU sweep, every variant")
     ap.add_argument("--libs", type=lib_list, default=list(LIBS),
-                    help=f"comma-separated, from {', '.join(LIBS)}. mpi4py: MPICH's collectives; torch: "
+                    help=f"comma-separated, from {', '.join(LIBS)}. mpi4py: MPICH's collectives; openmpi: Open "
+                         "MPI's, through mpi4py built against it (HBMCOLL_BENCH_OPENMPI_PYTHON, default "
+                         "build/ompi-venv: `make openmpi-peer`); torch: "
                          "gloo; hbmcoll: NumPy buffers (hbmcoll-numpy) and hbmcoll.empty ones "
                          "(hbmcoll-empty); floor: no communication, only the memory work of an "
                          "out-of-place allreduce on each rank; floor-staged: that plus the least data "
@@ -183,6 +189,8 @@ def hbmcoll_under_test():
 def available(lib):
     """(ok, reason): the library imports and its launcher exists."""
     probes = {"mpi4py": ("import mpi4py.MPI", "mpiexec"),
+              "openmpi": ("from mpi4py import MPI; assert 'Open MPI' in MPI.Get_library_version()",
+                          "mpiexec.openmpi"),
               "torch": ("import torch.distributed as d; assert d.is_gloo_available()", None),
               "hbmcoll": ("import hbmcoll, importlib.util as u; hbmcoll.init; hbmcoll.empty; "
                           "assert u.find_spec('hbmcoll.run')",
@@ -192,7 +200,12 @@ def available(lib):
     code, launcher = probes[lib]
     if launcher and not shutil.which(launcher):
         return False, f"{launcher} not on PATH"
-    p = subprocess.run([sys.executable, "-c", code], env=env_with({}), capture_output=True,
+    python = sys.executable
+    if lib == "openmpi":
+        python = OMPI_PYTHON
+        if not os.path.exists(python):
+            return False, f"no mpi4py built against Open MPI at {python} (`make openmpi-peer` makes one)"
+    p = subprocess.run([python, "-c", code], env=env_with({}), capture_output=True,
                        text=True, timeout=120)
     if p.returncode:
         return False, (p.stderr.strip().splitlines() or ["import failed"])[-1]
@@ -206,6 +219,9 @@ def command(lib, P, spec_path, prefix):
                 prefix] + (["staged"] if lib == "floor-staged" else [])
     if lib == "mpi4py":
         return ["mpiexec", "-n", str(P), sys.executable, worker, spec_path, prefix]
+    if lib == "openmpi":  # the same worker, as Open MPI's users launch it (root and oversubscribed allowed)
+        return ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(P),
+                OMPI_PYTHON, os.path.join(WORKERS, "mpi4py_worker.py"), spec_path, prefix]
     if lib == "torch":
         run = ["torchrun"] if shutil.which("torchrun") else [sys.executable, "-m",
                                                                  "torch.distributed.run"]
@@ -383,7 +399,7 @@ def main(argv=None):
                       skip_small=max(1, cfg["oversub_iters"] // 10))
         over = [(label, lib, env_extra, dict(spec_o, **extra), a.oversub_np, "oversub")
                 for label, lib, env_extra, extra in confs
-                if lib == "mpi4py" or label == "hbmcoll-numpy"]
+                if lib in ("mpi4py", "openmpi") or label == "hbmcoll-numpy"]
 
     meta = {"run_id": stamp, "mode": cfg["mode"], "settings": cfg, "rounds": cfg["rounds"],
             "libraries": libs, "skipped": skipped, "argv": sys.argv[1:], "hbmcoll_from": where,
