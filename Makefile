@@ -77,10 +77,13 @@ pytest: build
 
 test: build ctest numa-check example-c test-emulation pytest
 
+# the suite measures the library as tuned for this host (python -m hbmcoll.tune, a few seconds)
 bench: build openmpi-peer
+	$(PYTHON) -m hbmcoll.tune
 	$(PYTHON) -m hbmcoll.bench --quick $(BENCH_ARGS)
 
 bench-full: build openmpi-peer
+	$(PYTHON) -m hbmcoll.tune
 	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
 
 # The suite's Open MPI peer: mpi4py built against Open MPI (mpicc.openmpi) in a virtual

@@ -141,7 +141,7 @@ def markdown(summ, lim, meta, oversub, tg=None):
     topo = next((t["meta"]["topology"] for t in meta.get("tasks", [])
                  if t.get("meta", {}).get("topology")), None)
     if isinstance(topo, dict):
-        facts = {k: topo[k] for k in ("memory_mode", "cluster_mode", "hbm_nodes", "error")
+        facts = {k: topo[k] for k in ("memory_mode", "cluster_mode", "hbm_nodes", "tuned", "error")
                  if k in topo}
         out.append(f"hbmcoll.topology(): {json.dumps(facts, default=str)} "
                    "(full topology per launch in results.json).")

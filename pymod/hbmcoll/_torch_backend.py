@@ -53,7 +53,7 @@ from . import job as _job
 from .errors import ArgumentError
 from . import launch_env
 from . import p2p as _p2p
-from . import timeline
+from . import timeline, tune
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
                              _inout, _out_buf, _plain, _unit_count)
 from ._torch_work import Work, _Completer, _RecvWork
@@ -502,6 +502,7 @@ def _env_matches(rank, size):
 def create(store, rank, size, timeout):
     """The creator torch calls for init_process_group/new_group(backend="hbmcoll")."""
     global _world_placement
+    tune.apply()  # this host's measured thresholds, where the environment sets none
     t = _timeout_s(timeout)
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None

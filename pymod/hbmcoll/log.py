@@ -59,6 +59,12 @@ def communicator_made(comm, kind, transports):
     timeout = getattr(comm, "_timeout", None)
     say(logging.INFO, comm.rank, f"a wait ends after {timeout} s (HBMCOLL_TIMEOUT)" if timeout else
         "waits have no limit (HBMCOLL_TIMEOUT unset): a stalled peer is reported, not ended")
+    from . import tune
+    tuned = tune.apply()
+    if tuned:
+        say(logging.INFO, comm.rank, "thresholds measured on this host (python -m hbmcoll.tune, " +
+            f"{tuned['_when']}, {tuned['_file']}): " +
+            ", ".join(f"{k}={v}" for k, v in tuned.items() if not k.startswith("_")))
     forced = os.environ.get("HBMCOLL_ALGO")
     if forced:
         say(logging.INFO, comm.rank, f"algorithms forced by HBMCOLL_ALGO={forced}")

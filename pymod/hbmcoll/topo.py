@@ -30,9 +30,12 @@ def topology(ranks=None):
     """Dict: memory_mode, cluster_mode, hbm_nodes, ranks (the plan), notices.
     After init() it describes what this job applied; before, a plan for
     `ranks` ranks (default one per core) on this machine."""
-    if _placement is not None and ranks is None:
-        return json.loads(_placement.report(True))
-    return json.loads(_core.numa_report(None, ranks or 0, None, None, True))
+    from . import tune
+    doc = tune.load()
+    got = json.loads(_placement.report(True)) if _placement is not None and ranks is None else \
+        json.loads(_core.numa_report(None, ranks or 0, None, None, True))
+    got["tuned"] = {"file": tune.cache_path(), "when": doc["when"], "choice": doc["choice"]} if doc else None
+    return got
 
 
 def main(argv=None):

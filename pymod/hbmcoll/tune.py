@@ -1,0 +1,176 @@
+"""`python -m hbmcoll.tune`: choose this host's thresholds from measurements made here, and
+cache them for every later job on the host.
+
+    python -m hbmcoll.tune [--ranks 2] [--rounds 3]   # a few seconds; writes the cache
+    python -m hbmcoll.tune --show                      # what the cache says, and where it is
+
+A threshold tuned on one machine is wrong on the next (the eager bcast that wins below 64 KiB
+on one Xeon VM loses above 16 KiB on an EPYC one). For each candidate value the ranks make a
+communicator with it and time bcast, gather and allreduce of NumPy buffers around the sizes it
+decides (the slowest rank's time, best of --rounds); the value with the least geometric mean of
+time over the best candidate's, size by size, is kept unless the default is within 5% of it
+(noise). Measured now:
+
+- HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
+- HBMCOLL_CMA: single copy between private buffers for large bcast and gather, where the
+  kernel allows it (a container may not).
+
+The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
+core count, kernel and hbmcoll version; init() applies it to every variable the environment does
+not set (an explicit HBMCOLL_* always wins), and says so at HBMCOLL_LOG=info.
+HBMCOLL_TUNE=off ignores it. `python -m hbmcoll` and hbmcoll.topology()["tuned"] show it.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"], "HBMCOLL_CMA": ["0", "1"]}
+DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0"}
+CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
+         "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20))}
+NOISE = 1.05
+_applied = None
+
+
+def host():
+    """What the cache is keyed by."""
+    from . import __version__
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(), "hbmcoll": __version__}
+
+
+def cache_path():
+    if os.environ.get("HBMCOLL_TUNE_FILE"):
+        return os.environ["HBMCOLL_TUNE_FILE"]
+    key = hashlib.sha256(json.dumps(host(), sort_keys=True).encode()).hexdigest()[:16]
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hbmcoll", f"tuned-{key}.json")
+
+
+def load():
+    """The cache of this host, or None (none, HBMCOLL_TUNE=off, or another host's)."""
+    if os.environ.get("HBMCOLL_TUNE", "").lower() in ("off", "0", "no"):
+        return None
+    try:
+        with open(cache_path()) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if doc.get("host") == host() else None
+
+
+def apply():
+    """Once per process, before a communicator is made: the cached choices become the defaults
+    of the variables the environment leaves unset. Returns what was applied ({} for none)."""
+    global _applied
+    if _applied is None:
+        doc = load() or {}
+        _applied = {k: v for k, v in doc.get("choice", {}).items() if k in CANDIDATES and k not in os.environ}
+        os.environ.update(_applied)
+        _applied = dict(_applied, _file=cache_path(), _when=doc.get("when")) if _applied else {}
+    return _applied
+
+
+def _time(comm, coll, nbytes, rounds):
+    import numpy as np
+    x = np.ones(max(nbytes // 4, 1), np.float32)
+    out = np.empty((comm.size,) + x.shape, np.float32)
+    call = {"bcast": lambda: comm.bcast(x, root=0), "gather": lambda: comm.gather(x, root=0, out=out),
+            "allreduce": lambda: comm.allreduce(x, out=np.empty_like(x))}[coll]
+    n = max(5, min(500, (4 << 20) // max(nbytes, 1) * 4))
+    best = math.inf
+    for _ in range(rounds + 1):  # the first warms up
+        comm.barrier()
+        t = time.perf_counter()
+        for _ in range(n):
+            call()
+        took = np.array([(time.perf_counter() - t) / n])
+        comm.allreduce(took, "max")
+        best = min(best, float(took[0]))
+    return best
+
+
+def _worker(rounds):
+    import hbmcoll
+    got = {}
+    for var, values in CANDIDATES.items():
+        colls, sizes = CASES[var]
+        for value in values:
+            os.environ[var] = value
+            comm = hbmcoll.init()
+            got[f"{var}={value}"] = {f"{c} {z}": _time(comm, c, z, rounds) for c in colls for z in sizes}
+            if var == "HBMCOLL_CMA":
+                got[f"{var}={value}"]["works"] = comm.single_copy
+            comm.close()
+        os.environ.pop(var)
+    if comm.rank == 0:
+        print("TUNED " + json.dumps(got), flush=True)
+
+
+def choose(measured):
+    """{variable: (value, why)} from the worker's times."""
+    choice = {}
+    for var, values in CANDIDATES.items():
+        runs = {v: measured[f"{var}={v}"] for v in values}
+        if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
+            choice[var] = ("0", "single copy does not work here")
+            continue
+        cases = [k for k in runs[values[0]] if k != "works"]
+        best = {k: min(runs[v][k] for v in values) for k in cases}
+        score = {v: math.exp(sum(math.log(runs[v][k] / best[k]) for k in cases) / len(cases)) for v in values}
+        top = min(score, key=score.get)
+        keep = score[DEFAULTS[var]] <= score[top] * NOISE
+        choice[var] = (DEFAULTS[var] if keep else top,
+                       f"{', '.join(f'{v}: {score[v]:.2f}' for v in values)} (time over the best, geometric mean)")
+    return choice
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m hbmcoll.tune", description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--show", action="store_true", help="print the cache of this host and stop")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        return _worker(a.rounds)
+    if a.show:
+        doc = load()
+        print(f"{cache_path()}: " + (json.dumps(doc.get("choice"), sort_keys=True) if doc else "no cache for this host"))
+        return
+    env = dict(os.environ, HBMCOLL_TUNE="off", HBMCOLL_QUIET="1")
+    for var in CANDIDATES:
+        env.pop(var, None)
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", str(a.ranks), sys.executable, "-m", "hbmcoll.tune",
+                        "--worker", "--rounds", str(a.rounds)], env=env, capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("TUNED ")), None)
+    if p.returncode or line is None:
+        sys.exit(f"hbmcoll.tune: the measuring job failed: {p.stderr.strip()[-2000:]}")
+    measured = json.loads(line[6:])
+    choice = choose(measured)
+    doc = {"host": host(), "when": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks": a.ranks,
+           "choice": {k: v for k, (v, _) in choice.items()}, "why": {k: w for k, (_, w) in choice.items()},
+           "measured_s": measured}
+    path = cache_path()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    for var, (value, why) in choice.items():
+        print(f"{var}={value}   {why}")
+    print(f"written to {path}; jobs on this host take it from now on (HBMCOLL_TUNE=off ignores it)")
+
+
+if __name__ == "__main__":
+    main()

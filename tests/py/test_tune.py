@@ -1,0 +1,75 @@
+"""python -m hbmcoll.tune (tune.py): thresholds measured on this host, cached, applied by init()
+where the environment sets none; another host's cache and HBMCOLL_TUNE=off are ignored."""
+import json
+import os
+import subprocess
+import sys
+
+from hbmcoll import tune
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "pymod"),
+           HBMCOLL_BIND="none", HBMCOLL_TIMEOUT="60")
+for _var in ("HBMCOLL_SMALL_MAX", "HBMCOLL_CMA", "HBMCOLL_TUNE"):
+    ENV.pop(_var, None)
+JOB = r"""
+import os, numpy as np, hbmcoll
+c = hbmcoll.init()
+x = np.ones(16384, np.float32)  # 64 KiB: eager below a tuned 64K or more, pipelined at 16K
+c.bcast(x, root=0)
+os.write(1, f"rank {c.rank} small_max {os.environ.get('HBMCOLL_SMALL_MAX')} bcast {c._c.algorithm} "
+            f"tuned {hbmcoll.topology()['tuned'] is not None}\n".encode())
+"""
+
+
+def _job(tmp_path, **env):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "2", sys.executable, str(script)],
+                       env=dict(ENV, **env), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_tune_measures_caches_and_init_applies_it(tmp_path):
+    cache = str(tmp_path / "tuned.json")
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.tune", "--rounds", "1"], env=dict(ENV, HBMCOLL_TUNE_FILE=cache),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.load(open(cache))
+    assert doc["host"] == tune.host()
+    assert doc["choice"]["HBMCOLL_SMALL_MAX"] in tune.CANDIDATES["HBMCOLL_SMALL_MAX"]
+    assert doc["choice"]["HBMCOLL_CMA"] in ("0", "1")
+    assert all(t > 0 for run in doc["measured_s"].values() for k, t in run.items() if k != "works")
+    show = subprocess.run([sys.executable, "-m", "hbmcoll.tune", "--show"], env=dict(ENV, HBMCOLL_TUNE_FILE=cache),
+                          capture_output=True, text=True, timeout=60).stdout
+    assert json.dumps(doc["choice"], sort_keys=True) in show
+
+    # a job takes the cache where its environment is silent, and says so at info
+    doc["choice"]["HBMCOLL_SMALL_MAX"] = "128K"
+    json.dump(doc, open(cache, "w"))
+    p = _job(tmp_path, HBMCOLL_TUNE_FILE=cache, HBMCOLL_LOG="info")
+    assert p.stdout.count("small_max 128K bcast eager tuned True") == 2, p.stdout
+    assert "thresholds measured on this host" in p.stderr and "HBMCOLL_SMALL_MAX=128K" in p.stderr
+    # an explicit variable wins; HBMCOLL_TUNE=off and another host's cache leave the defaults
+    p = _job(tmp_path, HBMCOLL_TUNE_FILE=cache, HBMCOLL_SMALL_MAX="16K")
+    assert p.stdout.count("small_max 16K bcast pipelined") == 2, p.stdout
+    assert _job(tmp_path, HBMCOLL_TUNE_FILE=cache, HBMCOLL_TUNE="off").stdout.count(
+        "small_max None bcast pipelined tuned False") == 2
+    doc["host"]["cpu"] = "another CPU"
+    json.dump(doc, open(cache, "w"))
+    assert _job(tmp_path, HBMCOLL_TUNE_FILE=cache).stdout.count("small_max None bcast pipelined tuned False") == 2
+
+
+def test_the_choice_is_the_measured_best_unless_the_default_is_as_good():
+    def runs(times):  # candidate -> time of every case (one case per size)
+        return {f"HBMCOLL_SMALL_MAX={v}": {"bcast 4096": t, "bcast 65536": t * 2} for v, t in times.items()}
+    cma = {"HBMCOLL_CMA=0": {"bcast 1048576": 2.0, "works": True}, "HBMCOLL_CMA=1": {"bcast 1048576": 1.0,
+                                                                                       "works": True}}
+    fast64 = runs({"8K": 3.0, "16K": 2.0, "32K": 2.0, "64K": 1.0, "128K": 1.5})
+    assert {k: v for k, (v, _) in tune.choose(dict(fast64, **cma)).items()} == {
+        "HBMCOLL_SMALL_MAX": "64K", "HBMCOLL_CMA": "1"}
+    close = runs({"8K": 3.0, "16K": 1.03, "32K": 2.0, "64K": 1.0, "128K": 1.5})  # within the noise
+    cma["HBMCOLL_CMA=1"]["works"] = False  # a container without process_vm_readv
+    choice = tune.choose(dict(close, **cma))
+    assert choice["HBMCOLL_SMALL_MAX"][0] == "16K" and choice["HBMCOLL_CMA"] == ("0", "single copy does not work here")
