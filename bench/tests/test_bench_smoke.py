@@ -202,7 +202,7 @@ def test_suite_runs_and_writes_files(tmp_path):
 def test_an_unknown_library_is_refused_with_the_valid_names():
     p = subprocess.run([sys.executable, os.path.join(BENCH, "suite.py"), "--libs", "hbmcoll,gloo"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "unknown gloo: choose from mpi4py, torch, hbmcoll, floor, floor-staged" in p.stderr
+    assert p.returncode == 2 and "unknown gloo: choose from mpi4py, openmpi, torch, hbmcoll, floor, floor-staged" in p.stderr
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):
