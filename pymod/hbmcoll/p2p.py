@@ -100,7 +100,7 @@ def listen(secret, rank):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(_unix_name(secret, rank))
-        sock.listen(64)
+        sock.listen(socket.SOMAXCONN)
     except OSError as exc:
         sock.close()
         raise BootstrapError(f"send/recv: this rank's socket is taken ({exc.strerror}): a communicator "
@@ -124,13 +124,15 @@ class Channels:
             self.secret = comm.bcast_object(secrets.token_bytes(32) if comm.rank == 0 else None, root=0)
             self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             self.listener.bind((tcp_address, 0))
-            self.listener.listen(64)
+            self.listener.listen(socket.SOMAXCONN)
             self.addrs = comm.allgather_object((socket.AF_INET, self.listener.getsockname()))
+        self.listener.setblocking(False)  # the receiving thread accepts all that wait, then selects
         self.lock = threading.Lock()
         self.out, self.lanes = {}, {}         # dest -> socket; dest -> its isend thread's queue
         self.inc, self.lost = {}, {}          # socket -> source; source -> why it is gone
         self.posted, self.stash = [], []      # receives waiting, in post order; messages none took
         self.locks = {}                       # dest -> held while a message goes out to it
+        self.cut = {}                         # dest -> why its stream may not be used again
         self.wake_r, self.wake_w = os.pipe()
         self.thread, self.closed = None, False
 
@@ -149,17 +151,28 @@ class Channels:
             raise ArgumentError(f"tag {tag!r}: an int >= 0" + (", or ANY_TAG" if any_ok else ""))
 
     def _connection(self, dest):
+        if dest in self.cut:
+            raise PeerLostError(f"send: {self.cut[dest]}")
         sock = self.out.get(dest)
         if sock is None:
             family, addr = self.addrs[dest]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(self.timeout or 30)
-                sock.connect(addr)
-                sock.sendall(_HELLO.pack(self.rank, self._proof(self.rank, dest)))
-            except OSError as exc:
-                sock.close()
-                raise PeerLostError(f"send: rank {dest} is not listening ({exc.strerror or exc})") from None
+            until = time.monotonic() + (self.timeout or 30)
+            while True:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(self.timeout or 30)
+                    sock.connect(addr)
+                    sock.sendall(_HELLO.pack(self.rank, self._proof(self.rank, dest)))
+                    break
+                except BlockingIOError:  # its queue of connections is full (it accepts when it receives)
+                    sock.close()
+                    if time.monotonic() > until:
+                        raise TimeoutError(f"send: rank {dest} accepted no connection in {self.timeout or 30} s") \
+                            from None
+                    time.sleep(0.01)
+                except OSError as exc:
+                    sock.close()
+                    raise PeerLostError(f"send: rank {dest} is not listening ({exc.strerror or exc})") from None
             if family == socket.AF_INET:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.timeout)
@@ -173,18 +186,22 @@ class Channels:
             if raw.size > 4096:
                 sock.sendall(raw)
         except socket.timeout:
-            self._drop_out(dest)
+            self._drop_out(dest, f"no progress for {self.timeout} s")
             raise TimeoutError(f"send: rank {dest} took no message for {self.timeout} s") from None
         except OSError as exc:
-            self._drop_out(dest)
+            self._drop_out(dest, exc.strerror or str(exc))
             raise PeerLostError(f"send: rank {dest} is gone ({exc.strerror or exc})") from None
 
-    def _drop_out(self, dest):
-        sock = self.out.pop(dest, None)  # a stream cut mid-message cannot be used again
+    def _drop_out(self, dest, why):
+        """A stream cut mid-message: the receiver counts this rank as lost, so no new one opens."""
+        self.cut[dest] = f"the stream to rank {dest} was cut in mid-message ({why})"
+        sock = self.out.pop(dest, None)
         if sock is not None:
             sock.close()
 
     def send(self, buf, dest, tag=0):
+        if self.closed:
+            raise PeerLostError("send: the communicator is closed")
         self._check_rank(dest, "dest")
         self._check_tag(tag)
         raw = _bytes_of(buf)
@@ -204,6 +221,8 @@ class Channels:
         self._check_tag(tag)
         raw, req = _bytes_of(buf), Request(None)
         with self.lock:
+            if self.closed:
+                raise PeerLostError("isend: the communicator is closed")
             lane = self.lanes.get(dest)
             if lane is None:
                 lane = self.lanes[dest] = queue.Queue()
@@ -276,7 +295,7 @@ class Channels:
                 continue
             for s in ready:
                 if s is self.listener:
-                    self._accept()
+                    self._accept_all()
                 elif s == self.wake_r:
                     os.read(self.wake_r, 64)
                 else:
@@ -285,11 +304,16 @@ class Channels:
                 probed = time.monotonic()
                 self._probe_silent()
 
-    def _accept(self):
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
+    def _accept_all(self):
+        """Every connection waiting in the listener's queue (it is non-blocking)."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:  # none left (BlockingIOError), or closing
+                return
+            self._accept(sock)
+
+    def _accept(self, sock):
         sock.settimeout(5)
         try:
             hello = _recv_exact(sock, _HELLO.size)
@@ -353,6 +377,7 @@ class Channels:
     def _probe_silent(self):
         """A receive from a rank that never connected fails once that rank listens no more
         (its process is gone), instead of waiting for ever."""
+        self._accept_all()  # a rank that sent and left may still wait in the queue: not lost
         with self.lock:
             connected = set(self.inc.values())
             silent = {r.source for r in self.posted if r.source != ANY_SOURCE and r.source not in connected}
@@ -379,12 +404,16 @@ class Channels:
                 probe.close()
 
     def forget(self, recv):
-        """A receive given up (its wait timed out): no later message lands in its buffer."""
+        """A receive given up (its wait timed out): no later message lands in its buffer. False
+        when a message was already being taken into it (its wait should then see it through)."""
         with self.lock:
             if recv in self.posted:
                 self.posted.remove(recv)
+                return True
+            return False
 
     def close(self):
+        """The sends queued so far go out (within the timeout), then every socket and thread ends."""
         with self.lock:
             if self.closed:
                 return
@@ -393,15 +422,21 @@ class Channels:
             lanes = list(self.lanes.values())
         for lane in lanes:
             lane.put((None, 0, None))
+        for lane in lanes:  # the isends before close() finish, or fail, before the sockets go
+            _join(lane, self.timeout or 30)
         os.write(self.wake_w, b"x")
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
         for r in posted:
             r.finish(ANY_SOURCE, ANY_TAG, 0, PeerLostError("recv: the communicator was closed"))
-        for s in [self.listener] + list(self.inc) + list(self.out.values()):
+        with self.lock:
+            socks = [self.listener] + list(self.inc) + list(self.out.values())
+            self.inc, self.out = {}, {}
+        for s in socks:
             s.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)
+        if self.thread is None or not self.thread.is_alive():  # else it still selects on the pipe
+            os.close(self.wake_r)
+            os.close(self.wake_w)
 
 
 class PointToPoint:
@@ -428,7 +463,11 @@ class PointToPoint:
         """sendbuf to dest and a message from source into recvbuf at once (no deadlock when two
         ranks swap); returns recvbuf."""
         got = self._p2p.irecv(recvbuf, source, recvtag, status)
-        self._p2p.send(sendbuf, dest, sendtag)
+        try:
+            self._p2p.send(sendbuf, dest, sendtag)
+        except BaseException:
+            self._p2p.forget(got._recv)  # no later message lands in recvbuf
+            raise
         return got.wait()
 
 
@@ -442,13 +481,20 @@ class _RecvRequest(Request):
 
     def wait(self, timeout=None):
         timeout = self._timeout if timeout is None else timeout
-        if not self._event.wait(timeout):
-            self._channels.forget(self._recv)
+        if not self._event.wait(timeout) and self._channels.forget(self._recv):
             raise TimeoutError(f"recv: no message from {_who(self._recv.source)} (tag {self._recv.tag}) "
                                f"in {timeout} s")
+        self._event.wait()  # matched as the wait ran out: the message is on its way into the buffer
         if self._recv.error is not None:
             raise self._recv.error
         return self._result
+
+
+def _join(lane, timeout):
+    """Wait up to timeout s for a lane's queue to empty (queue.Queue.join has no timeout)."""
+    until = time.monotonic() + timeout
+    while lane.unfinished_tasks and time.monotonic() < until:
+        time.sleep(0.005)
 
 
 def _who(source):
