@@ -36,6 +36,17 @@ def _raw(buf):
     return a.reshape(-1).view(np.uint8), a.itemsize
 
 
+def _look(buf):
+    """(bytes, item size, dtype code, what is wrong or None): a bad buffer is a problem every
+    rank hears of (_agree_counts), never one rank's error while the others wait."""
+    try:
+        raw, item = _raw(buf)
+    except (ArgumentError, TypeError, ValueError, BufferError) as exc:
+        return np.zeros(0, np.uint8), 1, 0, str(exc)
+    dtype = buf.dtype if hasattr(buf, "dtype") else "B"
+    return raw, item, zlib.crc32(str(dtype).replace("torch.", "").encode()), None
+
+
 def _flat_like(buf, n):
     """A new flat buffer of n elements of buf's kind and dtype."""
     if type(buf).__module__.startswith("torch"):
@@ -48,7 +59,10 @@ def _counts(counts, size):
     """(counts as int64, or None; what is wrong with them, or None)."""
     if counts is None:
         return None, None
-    c = np.array(counts, np.int64).reshape(-1)
+    try:
+        c = np.array(counts, np.int64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        return None, f"counts {counts!r}: give {size} integers >= 0"
     if c.size != size or (c < 0).any():
         return None, f"give {size} counts >= 0, one per rank"
     return c, None
@@ -71,27 +85,29 @@ class VariableCollectives:
             raise MismatchError(f"{what}: rank {int(np.nonzero(row[:, 0])[0][0])} gave wrong arguments "
                                 "(its error says which)")
         if any(len(set(row[:, k])) > 1 for k in range(1 + len(own), row.shape[1])):
-            raise MismatchError(f"{what}: the ranks gave different counts or roots")
+            raise MismatchError(f"{what}: the ranks gave different counts, roots or dtypes")
         return row[:, 1:1 + len(own)]
 
-    def _sizes(self, what, mine, counts, root=-1):
-        """Every rank's count, from the buffers' sizes: checked against counts where given."""
-        c, problem = _counts(counts, self.size)
-        if c is not None and mine != c[self.rank]:
+    def _sizes(self, what, buf, counts, root=-1):
+        """buf's bytes and item size, and every rank's count, from the buffers' sizes: checked
+        against counts where given, and the dtypes against each other."""
+        raw, item, dtype, problem = _look(buf)
+        mine = raw.size // item
+        c, bad = _counts(counts, self.size)
+        problem = problem or bad
+        if problem is None and c is not None and mine != c[self.rank]:
             problem = f"this rank has {mine} elements; counts say {c[self.rank]}"
-        return self._agree_counts(what, problem, own=[mine], same=[_crc(c), root])[:, 0]
+        return raw, item, self._agree_counts(what, problem, own=[mine], same=[_crc(c), root, dtype])[:, 0]
 
     def allgatherv(self, buf, counts=None, out=None):
         """Every rank's buf, flat and end to end in rank order, into out (default: new)."""
-        raw, item = _raw(buf)
-        sizes = self._sizes("allgatherv", raw.size // item, counts)
+        raw, item, sizes = self._sizes("allgatherv", buf, counts)
         rows = self.allgather(_padded(raw, int(sizes.max()) * item))
         return _joined(rows, sizes * item, buf, out)
 
     def gatherv(self, buf, root=0, counts=None, out=None):
         """allgatherv's result on root; None elsewhere."""
-        raw, item = _raw(buf)
-        sizes = self._sizes("gatherv", raw.size // item, counts, root)
+        raw, item, sizes = self._sizes("gatherv", buf, counts, root)
         rows = self.gather(_padded(raw, int(sizes.max()) * item), root=root)
         return _joined(rows, sizes * item, buf, out) if self.rank == root else None
 
@@ -99,19 +115,20 @@ class VariableCollectives:
         """Rank i gets counts[i] elements of root's flat buf (blocks in rank order) into out
         (default: new). Non-roots may pass buf=None with out=, or a buffer of the dtype wanted."""
         c, problem = _counts(counts, self.size)
-        like = buf if buf is not None else out
         if c is None and problem is None:
             problem = "give counts, one per rank"
-        if like is None:
-            problem = problem or "pass out= (or buf) on every rank"
-        item = _raw(like)[1] if like is not None else 1
-        if problem is None and self.rank == root and _raw(buf)[0].size != c.sum() * item:
-            problem = f"buf has {_raw(buf)[0].size // item} elements; counts add up to {c.sum()}"
-        self._agree_counts("scatterv", problem, same=[_crc(c), root])
+        like = buf if buf is not None and (self.rank == root or out is None) else out
+        raw, item, dtype, bad = _look(like) if like is not None else (None, 1, 0, "pass out= (or buf) on every rank")
+        problem = problem or bad
+        if problem is None and self.rank == root:
+            raw, item, dtype, bad = _look(buf) if buf is not None else (None, 1, 0, "the root passes buf")
+            problem = bad or (None if raw.size == c.sum() * item else
+                              f"buf has {raw.size // item} elements; counts add up to {c.sum()}")
+        self._agree_counts("scatterv", problem, same=[_crc(c), root, dtype])
         width = int(c.max()) * item
         rows = np.zeros((self.size, width), np.uint8)
         if self.rank == root:
-            _split(_raw(buf)[0], c * item, rows)
+            _split(raw, c * item, rows)
         mine = np.empty(width, np.uint8)
         self.scatter(rows, root=root, out=mine)
         res = out if out is not None else _flat_like(like, int(c[self.rank]))
@@ -121,22 +138,25 @@ class VariableCollectives:
     def alltoallv(self, buf, sendcounts, out=None):
         """sendcounts[j] elements of this rank's flat buf (blocks in rank order) go to rank j;
         out (default: new) gets every rank's block for this one, in rank order."""
-        raw, item = _raw(buf)
-        c, problem = _counts(sendcounts, self.size)
+        raw, item, dtype, problem = _look(buf)
+        c, bad = _counts(sendcounts, self.size)
+        problem = problem or bad
         if problem is None and (c is None or raw.size != c.sum() * item):
             problem = f"sendcounts must add up to buf's {raw.size // item} elements"
-        matrix = self._agree_counts("alltoallv", problem, own=c if c is not None else [0] * self.size)
+        matrix = self._agree_counts("alltoallv", problem, own=c if c is not None else [0] * self.size,
+                                    same=[dtype])
         rows = np.zeros((self.size, int(matrix.max()) * item), np.uint8)  # row j: what goes to rank j
         _split(raw, c * item, rows)
         got = self.alltoall(rows)
         return _joined(got, matrix[:, self.rank] * item, buf, out)
 
     def _reduce_scatter_counts(self, buf, op, counts, out):
-        raw, item = _raw(buf)
-        c, problem = _counts(counts, self.size)
+        raw, item, dtype, problem = _look(buf)
+        c, bad = _counts(counts, self.size)
+        problem = problem or bad
         if problem is None and raw.size != c.sum() * item:
             problem = f"buf has {raw.size // item} elements; counts add up to {c.sum()}"
-        self._agree_counts("reduce_scatter", problem, same=[_crc(c)])
+        self._agree_counts("reduce_scatter", problem, same=[_crc(c), dtype])
         width, flat = int(c.max()), buf.reshape(-1)
         rows = _flat_like(buf, self.size * width).reshape(self.size, width)
         at = np.concatenate([[0], np.cumsum(c)])

@@ -69,6 +69,12 @@ def _disagree(comm, case):
             comm.gatherv(np.zeros(1), root=comm.rank)
         elif case == "bad-sendcounts":
             comm.alltoallv(np.zeros(comm.size), [1] * comm.size if comm.rank else [2] * comm.size)
+        elif case == "dtypes-differ":  # the same bytes, read as different numbers
+            comm.allgatherv(np.zeros(2, np.float32 if comm.rank else np.int32))
+        elif case == "one-rank-bad-buffer":  # fails on rank 1 alone, before anything is sent
+            comm.allgatherv(np.zeros((4, 4))[:, 0] if comm.rank == 1 else np.zeros(4))
+        elif case == "bad-counts-type":
+            comm.gatherv(np.zeros(1), counts=["x"] * comm.size if comm.rank == 2 else [1] * comm.size)
         comm.barrier()  # every rank left the failed call together: the next collective works
     except hbmcoll.MismatchError as exc:
         comm.barrier()
@@ -76,7 +82,8 @@ def _disagree(comm, case):
     return "no error"
 
 
-@pytest.mark.parametrize("case", ["wrong-own-count", "counts-differ", "roots-differ", "bad-sendcounts"])
+@pytest.mark.parametrize("case", ["wrong-own-count", "counts-differ", "roots-differ", "bad-sendcounts", "dtypes-differ",
+                                  "one-rank-bad-buffer", "bad-counts-type"])
 def test_disagreeing_counts_fail_on_every_rank(run_ranks, case):
     said = run_ranks(3, _disagree, case)
     assert all(s != "no error" for s in said), said
