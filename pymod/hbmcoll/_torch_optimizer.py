@@ -20,7 +20,6 @@ from ._horovod_job import Average, Sum, op_of
 from ._torch_backend import _inline_policy
 from .compression import compressor
 from .errors import NotSupportedError
-from .joining import ALLREDUCE
 
 _NATIVE_SET = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
                          torch.int8, torch.uint8, torch.int32, torch.int64})
@@ -43,7 +42,7 @@ def _in_arena(comm, n, dtype):
 
 
 class _Bucket:
-    __slots__ = ("params", "offsets", "flat", "ready", "req", "done_params", "divide", "arena")
+    __slots__ = ("params", "offsets", "flat", "ready", "req", "done_params", "header", "arena")
 
     def __init__(self, params, dtype, comm=None):
         self.params = params
@@ -58,7 +57,7 @@ class _Bucket:
         self.ready = 0
         self.req = None
         self.done_params = set()
-        self.divide = 1.0  # with joined ranks: the sum over the active ranks becomes their average
+        self.header = None  # the join header sent with its allreduce (joining.py)
 
 
 class _DistributedOptimizer:
@@ -163,15 +162,14 @@ class _DistributedOptimizer:
             b = bs[self._hb_next]
             if self._hb_predivide != 1.0:
                 b.flat.mul_(1.0 / self._hb_predivide)
-            op = "avg" if self._hb_op == Average else "sum"
-            active = self._hb_joiner.header(self._hb_comm, ALLREDUCE, b.flat, op)
-            if active < self._hb_comm.size and op == "avg":
-                op, b.divide = "sum", float(active)
+            # a sum, divided in synchronize() by the ranks that took part (joined ones add zeros);
+            # the header goes ahead without a wait, so this bucket never waits behind those in flight
+            b.header = self._hb_joiner.start_header(self._hb_comm, b.flat, "sum")
             if self._hb_inline:
-                self._hb_comm.allreduce(b.flat, op)
+                self._hb_comm.allreduce(b.flat, "sum")
                 b.req = None
             else:
-                b.req = self._hb_comm.iallreduce(b.flat, op)
+                b.req = self._hb_comm.iallreduce(b.flat, "sum")
             self._hb_next += 1
 
     def synchronize(self):
@@ -188,9 +186,10 @@ class _DistributedOptimizer:
             if b.req is not None:
                 b.req.wait()
                 b.req = None
-            if self._hb_predivide != 1.0 or b.divide != 1.0:
-                b.flat.mul_(self._hb_predivide / b.divide)
-                b.divide = 1.0
+            active = self._hb_joiner.finish_header(self._hb_comm, b.header)
+            divide = active if self._hb_op == Average else 1
+            if self._hb_predivide != 1.0 or divide != 1:
+                b.flat.mul_(self._hb_predivide / divide)
             for p, off in zip(b.params, b.offsets):
                 src = b.flat[off:off + p.numel()].view(p.shape)
                 if p.grad is None:

@@ -24,7 +24,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     def forward(self, x):
         from . import torch as hvd
         self._check_input_dim(x)
-        if not self.training and self.track_running_stats:
+        if not self.training:  # evaluation never synchronises (one rank may evaluate alone)
             return super().forward(x)
         dims = [0] + list(range(2, x.dim()))
         x64 = x.to(torch.float64)

@@ -26,15 +26,34 @@ OPS = ["sum", "avg", "min", "max", "prod"]
 
 class Joiner:
     def __init__(self):
-        self.active_calls = 0  # headers this rank sent as active: the last to join sent the most
+        # per communicator, the headers this rank sent as active: the last to join sent the most
+        self.active_calls = {}
 
     def header(self, comm, kind, buf=None, op="sum", root=0):
         """Every rank's header of the next call; returns how many ranks are active. Raises on
         every rank alike when the call cannot take joined ranks in."""
-        h = np.array([1, kind, DTYPES.index(buf.dtype) if buf is not None else 0,
-                      buf.numel() if buf is not None else 0, OPS.index(op), root, 0, 0], np.int64)
+        h = self._header(comm, kind, buf, op, root)
         comm.allreduce(h)
-        self.active_calls += 1
+        return self._active(comm, h, kind, root)
+
+    def start_header(self, comm, buf, op="sum"):
+        """An allreduce's header without waiting for it (DistributedOptimizer's buckets, whose
+        allreduces follow at once and must not wait behind the ones in flight): finish_header()
+        of what it returns gives the active ranks."""
+        h = self._header(comm, ALLREDUCE, buf, op, 0)
+        return comm.iallreduce(h), h
+
+    def finish_header(self, comm, started):
+        req, h = started
+        req.wait()
+        return self._active(comm, h, ALLREDUCE, 0)
+
+    def _header(self, comm, kind, buf, op, root):
+        self.active_calls[id(comm)] = self.active_calls.get(id(comm), 0) + 1
+        return np.array([1, kind, DTYPES.index(buf.dtype) if buf is not None else 0,
+                         buf.numel() if buf is not None else 0, OPS.index(op), root, 0, 0], np.int64)
+
+    def _active(self, comm, h, kind, root):
         active = int(h[0])
         if active < comm.size:
             _check(h, active, comm.size)
@@ -60,9 +79,8 @@ class Joiner:
                 comm.bcast(torch.empty(n, dtype=DTYPES[dtype]), root=root)
             else:
                 comm.barrier()
-        last = np.array([self.active_calls * comm.size + comm.rank], np.int64)
+        last = np.array([self.active_calls.pop(id(comm), 0) * comm.size + comm.rank], np.int64)
         comm.allreduce(last, "max")
-        self.active_calls = 0
         return int(last[0]) % comm.size
 
 

@@ -44,6 +44,7 @@ class ParameterSharing:
         if mode == "hybrid" and self.group is None:
             import hbmcoll
             self.group = hbmcoll.init()
+            self.group = getattr(self.group, "_local", self.group)  # across nodes: this node's ranks
         self.sharer = self.group is None or self.group.rank == 0  # who talks to the servers
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float32)
         self.shared = None
@@ -75,8 +76,12 @@ class ParameterSharing:
     def step(self):
         """In place of optimizer.step(), after backward()."""
         if self.group is not None and self.group.size > 1:  # hybrid: the group averages first
-            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                      out=self.grads)
+            # the gradients may already be the views of self.grads given last step (zero_grad
+            # without set_to_none, or accumulation): then they are in place; else they come in
+            if not all(p.grad is not None and p.grad._base is self.grads for p in self.params):
+                torch.cat([(torch.zeros_like(p) if p.grad is None else
+                            p.grad.clone() if p.grad._base is self.grads else p.grad).reshape(-1)
+                           for p in self.params], out=self.grads)
             self.group.allreduce(self.grads, op="avg")
             at = 0
             for p in self.params:  # views of the averaged gradients, until the next backward

@@ -108,6 +108,16 @@ def _c():
     return ps.comm if ps is not None else _job.get()
 
 
+def _root(root_rank):
+    """A root given as a rank of the job (Horovod's), as a rank of the current call's set."""
+    ps = _ps.current.get()
+    if ps is None:
+        return root_rank
+    if root_rank not in ps.ranks:
+        raise ArgumentError(f"root_rank {root_rank} is not in {ps!r}")
+    return ps.ranks.index(root_rank)
+
+
 def barrier():
     """Every rank waits for all (ranks that have joined take part)."""
     c = _c()
@@ -363,14 +373,16 @@ class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, prescale, postscale):
         ctx.ps = _ps.current.get()  # the backward pass runs on the same process set
-        ctx.scale = prescale * postscale
+        ctx.op, ctx.scale = op, prescale * postscale
         return _reducescatter(tensor, op, prescale, postscale)
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.op not in (Average, Sum):
+            raise RuntimeError(f"hbmcoll: reducescatter with op {ctx.op!r} has no gradient")
         with entered(ctx.ps):
-            g = _allgather(grad)[0]
-            return g * ctx.scale, None, None, None
+            g = _allgather(grad)[0]  # every rank's input reached every rank's rows
+            return g * (ctx.scale / (_c().size if ctx.op == Average else 1)), None, None, None
 
 
 def _reducescatter(tensor, op, prescale, postscale):
@@ -406,8 +418,9 @@ def broadcast_async_(tensor, root_rank, name=None):
     buf = t if t.is_contiguous() else t.contiguous()
     mv = buf if buf.dtype in _NATIVE_SET else buf.reshape(-1).view(torch.uint8)
     c = _c()
-    _joiner.header(c, BCAST, mv.reshape(-1), root=root_rank)
-    req = c.ibcast(mv, root=root_rank)
+    root = _root(root_rank)
+    _joiner.header(c, BCAST, mv.reshape(-1), root=root)
+    req = c.ibcast(mv, root=root)
     finish = None if buf.data_ptr() == t.data_ptr() and t.is_contiguous() else \
         (lambda: t.copy_(buf))
     return _Handle(req, finish, tensor)
@@ -429,7 +442,7 @@ class _BroadcastFn(torch.autograd.Function):
     def backward(ctx, grad):
         with entered(ctx.ps):
             g = synchronize(allreduce_async(grad, op=Sum))
-            return (g if _c().rank == ctx.root else torch.zeros_like(g)), None
+            return (g if _c().rank == _root(ctx.root) else torch.zeros_like(g)), None
 
 
 def broadcast(tensor, root_rank, name=None):
@@ -447,7 +460,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's obj (pickled) on every rank."""
     c = _c()
     _joiner.header(c, OTHER)
-    return c.bcast_object(obj, root=root_rank)
+    return c.bcast_object(obj, root=_root(root_rank))
 
 
 def allgather_object(obj, name=None):
@@ -480,15 +493,15 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     optimizers with state (momentum, Adam moments) start equal."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    c = _c()
-    if c.rank == root_rank:
+    c, root = _c(), _root(root_rank)
+    if c.rank == root:
         bio = io.BytesIO()
         torch.save(optimizer.state_dict(), bio)
         state = bio.getvalue()
     else:
         state = None
     state = broadcast_object(state, root_rank)
-    if c.rank != root_rank:
+    if c.rank != root:
         optimizer.load_state_dict(torch.load(io.BytesIO(state), weights_only=False))
 
 
