@@ -117,6 +117,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         self._sliced = layout.rings > 1 and self._even
         self._tuner = pipeline.Tuner(proposer=layout.node == 0 and local.rank == 0)
         self._closed = self._failed = False
+        self._p2p = None                        # send/recv, made last (close() may come first)
         self._crcs = {}                         # (collective, dtype, op) -> their CRCs, for _meet
         self._block = np.zeros(_HEAD + SMALL, np.uint8)
         self._rows = np.zeros((self.local_size, _HEAD + SMALL), np.uint8)
@@ -531,7 +532,8 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         for child in list(self._children):
             child.close()
         self._closed = True
-        self._p2p.close()
+        if self._p2p is not None:
+            self._p2p.close()
         self._calls.stop()
         if self._rings is not None:
             self._rings.shutdown()

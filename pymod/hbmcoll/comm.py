@@ -111,9 +111,15 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
         # ranks met by; bound before they met (listener), or here, and then a barrier says so
         self._secret = secret if secret is not None else secret_of(key)
         self._splits = 0
-        self._p2p = Channels(self, self._secret, listener, timeout=self._timeout)
-        if listener is None:
-            self._c.run(_core.BARRIER)
+        try:
+            self._p2p = Channels(self, self._secret, listener, timeout=self._timeout)
+            if listener is None:
+                self._c.run(_core.BARRIER)
+        except BaseException:
+            if getattr(self, "_p2p", None) is not None:
+                self._p2p.close()
+            core.close()
+            raise
 
     @property
     def pu(self):

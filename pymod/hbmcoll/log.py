@@ -27,12 +27,13 @@ def level():
         if text not in LEVELS:
             raise ArgumentError(f"HBMCOLL_LOG={text!r}: one of {', '.join(LEVELS)}")
         _level = LEVELS[text]
-        if _level < logging.WARNING and not logger.handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("hbmcoll %(message)s"))
-            logger.addHandler(handler)
+        if _level < logging.WARNING:
+            if not logger.handlers:  # an application's own handler keeps its place
+                handler = logging.StreamHandler()
+                handler.setFormatter(logging.Formatter("hbmcoll %(message)s"))
+                logger.addHandler(handler)
+                logger.propagate = False
             logger.setLevel(_level)
-            logger.propagate = False
     return _level
 
 

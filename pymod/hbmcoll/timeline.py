@@ -9,8 +9,8 @@ collective's allgathers) nest under them.
 
 Each rank keeps its events in memory and adds them to the file when it has many and when it
 exits, under an flock: it takes the closing bracket off, appends and closes the array again,
-so the file is whole JSON whenever no rank is writing. Rank 0 of the first communicator of
-the job empties the file when it is made. With HBMCOLL_LOG=debug every call is also logged.
+so the file is whole JSON whenever no rank is writing. Each node's first rank empties the file,
+under the same lock, when the job's first communicator is made. With HBMCOLL_LOG=debug every call is also logged.
 """
 import atexit
 import fcntl
@@ -48,8 +48,11 @@ def watch(comm):
         if first:
             _state["pid"], _state["path"] = comm.rank, path
             if path is not None:
-                if comm.rank == 0:
-                    open(path, "w").close()
+                if comm.local_rank == 0:  # each node's first rank (a node-local path is emptied too)
+                    with open(path, "a+b") as f:
+                        fcntl.flock(f, fcntl.LOCK_EX)
+                        f.truncate(0)
+                        fcntl.flock(f, fcntl.LOCK_UN)
                 atexit.register(flush)
         tid = _state["comms"]
         _state["comms"] += 1
