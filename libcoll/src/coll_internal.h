@@ -69,6 +69,8 @@ typedef struct {
   int32_t roomy; /* a CPU for every rank, as rank 0 saw it at creation (the same for all) */
   uint64_t ctl_off, slot_off, slot_bytes, arena_off, arena_bytes, total_bytes;
   uint64_t stream_min; /* creator's HBMCOLL_STREAM_MIN: the same on every rank */
+  uint64_t small_max;  /* creator's HBMCOLL_SMALL_MAX, likewise: ranks that read different values
+                        * (a tuning cache rewritten between their starts) still pick alike */
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;

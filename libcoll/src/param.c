@@ -8,6 +8,7 @@
  *   HBMCOLL_SLOT_BYTES   staging bytes per rank and parity (default 256 KiB)
  *   HBMCOLL_ARENA_BYTES  zero-copy arena per rank, virtual (default 1 GiB)
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB;
+ *                        the creating rank's value holds for all;
  *                        2 ranks with private buffers: flat up to HBMCOLL_STREAM_MIN)
  *   HBMCOLL_STREAM_MIN   allreduce with every buffer in the arena: from this size each rank
  *                        writes its reduced slice into every output with streaming stores

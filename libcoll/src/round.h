@@ -110,7 +110,7 @@ static inline size_t coll__slot_bytes(const coll_comm_t *c) { return c->hdr->slo
 /* From this many bytes, results are written with streaming stores (the same on every rank). */
 static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->stream_min; }
 /* Up to this many bytes a message is small (HBMCOLL_SMALL_MAX). */
-static inline size_t coll__small_max(const coll_comm_t *c) { return c->params.small_max; }
+static inline size_t coll__small_max(const coll_comm_t *c) { return c->hdr->small_max; }
 /* The algorithm forced for a kind (HBMCOLL_ALGO, coll_set_algorithm), 0: automatic. */
 static inline int coll__forced_algo(const coll_comm_t *c, coll_kind_t kind) { return c->params.algo[kind]; }
 /* Single copy between private buffers works here and pays from this many bytes (cma.c). */

@@ -73,3 +73,16 @@ def test_the_choice_is_the_measured_best_unless_the_default_is_as_good():
     cma["HBMCOLL_CMA=1"]["works"] = False  # a container without process_vm_readv
     choice = tune.choose(dict(close, **cma))
     assert choice["HBMCOLL_SMALL_MAX"][0] == "16K" and choice["HBMCOLL_CMA"] == ("0", "single copy does not work here")
+
+
+def test_ranks_with_different_thresholds_still_choose_alike(tmp_path):
+    """The creating rank's HBMCOLL_SMALL_MAX holds for all (a cache rewritten between two
+    ranks' starts must not split them into different algorithms, a MismatchError)."""
+    script = tmp_path / "job.py"
+    script.write_text("import os\nos.environ['HBMCOLL_SMALL_MAX'] = '128K' if os.environ['HBMCOLL_RANK'] == '1' "
+                      "else '16K'\n" + JOB)
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "2", sys.executable, str(script)],
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    algorithms = sorted(line.split()[5] for line in p.stdout.splitlines() if line.startswith("rank"))
+    assert algorithms == ["pipelined", "pipelined"], p.stdout  # rank 0 made it, with 16K
