@@ -6,7 +6,7 @@
 Each rank is a new interpreter (subprocess: `python ranks.py`, nothing inherited but the
 environment we build) that gets HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE, a job key of its own
 (HBMCOLL_JOB_KEY, unique per job), HBMCOLL_TIMEOUT (20 s unless the test says otherwise) and
-HBMCOLL_BIND=none before `import hbmcoll`; it then runs `fn(hbmcoll.init(), *args)`. `fn` must be
+HBMCOLL_BIND=none and HBMCOLL_TUNE=off (the built-in thresholds) before `import hbmcoll`; it then runs `fn(hbmcoll.init(), *args)`. `fn` must be
 a module-level function of a file in tests/py (it is found again by module name and file path);
 args and the return value must pickle. The result (or the formatted traceback) comes back over a
 pipe; the parent waits for every rank, and after `timeout` seconds dumps the Python stacks of the
@@ -200,6 +200,9 @@ class Job:
                     "HBMCOLL_LOCAL_RANK": str(r), "HBMCOLL_LOCAL_SIZE": str(n),
                     "HBMCOLL_JOB_KEY": self.key,
                     "HBMCOLL_TIMEOUT": DEFAULT_RANK_TIMEOUT, "HBMCOLL_BIND": "none",
+                    # the built-in thresholds, which tests choose their sizes around, whatever
+                    # this host's tuning cache (python -m hbmcoll.tune) says; test_tune.py tests it
+                    "HBMCOLL_TUNE": "off",
                 })
                 e.update({k: str(v) for k, v in env.items() if v is not None})
                 for k, v in env.items():
@@ -425,7 +428,7 @@ def init_torch(comm, port, use_env=True):
     r, p = comm.rank, comm.size
     if not use_env:
         for k in [k for k in os.environ if k.startswith("HBMCOLL_") and k not in
-                  ("HBMCOLL_TIMEOUT", "HBMCOLL_BIND", "HBMCOLL_QUIET")]:
+                  ("HBMCOLL_TIMEOUT", "HBMCOLL_BIND", "HBMCOLL_QUIET", "HBMCOLL_TUNE")]:
             del os.environ[k]
     dist.init_process_group("hbmcoll", init_method=f"tcp://127.0.0.1:{port}", rank=r,
                             world_size=p)
