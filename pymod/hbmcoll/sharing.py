@@ -41,10 +41,11 @@ class ParameterSharing:
             raise ArgumentError("ParameterSharing shares float32 CPU parameters")
         self.optimizer, self.mode = optimizer, mode
         self.group = group
+        self._made = None  # the communicator made here for the default group: finish() closes it
         if mode == "hybrid" and self.group is None:
             import hbmcoll
-            self.group = hbmcoll.init()
-            self.group = getattr(self.group, "_local", self.group)  # across nodes: this node's ranks
+            self._made = hbmcoll.init()
+            self.group = getattr(self._made, "_local", self._made)  # across nodes: this node's ranks
         self.sharer = self.group is None or self.group.rank == 0  # who talks to the servers
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float32)
         self.shared = None
@@ -115,6 +116,10 @@ class ParameterSharing:
                 self.group.bcast(self.flat, root=0)
 
     def finish(self):
-        """This worker trains no more: the others stop waiting for it (with a staleness bound)."""
+        """This worker trains no more: the others stop waiting for it (with a staleness bound),
+        and the group's communicator closes if this made it (every rank of the job calls it)."""
         if self.shared is not None:
             self.shared.finish(self.flat.numpy() if self.overlap else None)
+        if self._made is not None:
+            self._made.close()
+            self._made = None
