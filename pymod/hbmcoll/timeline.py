@@ -49,7 +49,7 @@ def watch(comm):
             _state["pid"], _state["path"] = comm.rank, path
             if path is not None:
                 if comm.local_rank == 0:  # each node's first rank (a node-local path is emptied too)
-                    with open(path, "a+b") as f:
+                    with open(path, "a+b", buffering=0) as f:
                         fcntl.flock(f, fcntl.LOCK_EX)
                         f.truncate(0)
                         fcntl.flock(f, fcntl.LOCK_UN)
@@ -165,7 +165,7 @@ def flush():
     if not events or path is None:
         return
     text = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
-    with open(path, "a+b") as f:
+    with open(path, "a+b", buffering=0) as f:  # unbuffered: every byte is written before the unlock
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             end = f.seek(0, os.SEEK_END)
