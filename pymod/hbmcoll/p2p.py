@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from .buffers import flat_bytes
 from .errors import ArgumentError, BootstrapError, MismatchError, PeerLostError, TimeoutError
 from .in_order import Request
 
@@ -58,17 +59,7 @@ class Status:
 
 
 def _bytes_of(buf, writable=False):
-    """buf's bytes as a flat uint8 view (no copy): NumPy, torch CPU tensors, the buffer protocol."""
-    if type(buf).__module__.startswith("torch"):
-        if buf.device.type != "cpu" or not buf.is_contiguous():
-            raise ArgumentError("send/recv take contiguous CPU tensors")
-        return buf.detach().reshape(-1).view(__import__("torch").uint8).numpy()
-    mv = memoryview(buf)
-    if not mv.c_contiguous:
-        raise ArgumentError("send/recv take C-contiguous buffers")
-    if writable and mv.readonly:
-        raise ArgumentError("recv: the buffer is read-only")
-    return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
+    return flat_bytes(buf, "send/recv", writable)[0]
 
 
 class _Receive:

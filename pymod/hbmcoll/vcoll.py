@@ -20,20 +20,12 @@ import zlib
 
 import numpy as np
 
+from .buffers import flat_bytes
 from .errors import ArgumentError, MismatchError
 
 
 def _raw(buf):
-    """buf's bytes, flat (no copy), with its item size: NumPy, torch CPU tensors, buffers."""
-    if type(buf).__module__.startswith("torch"):
-        import torch
-        if not buf.is_contiguous():
-            raise ArgumentError("the v-collectives take contiguous tensors")
-        return buf.detach().reshape(-1).view(torch.uint8).numpy(), buf.element_size()
-    a = np.asarray(memoryview(buf))
-    if not a.flags.c_contiguous:
-        raise ArgumentError("the v-collectives take C-contiguous buffers")
-    return a.reshape(-1).view(np.uint8), a.itemsize
+    return flat_bytes(buf, "the v-collectives")
 
 
 def _look(buf):
