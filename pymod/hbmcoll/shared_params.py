@@ -74,7 +74,6 @@ class SharedParameters:
         np.copyto(self._sent, flat)
         np.subtract(self._sent, self._base, out=self._delta)
         self._pending = (self.buffer.iaccumulate(self._delta), self.buffer.iread(out=self._pulled))
-        self.steps += 1
 
     def ready(self):
         """True when no exchange is in flight, or the one in flight has finished."""

@@ -51,7 +51,8 @@ class ParameterSharing:
         self.shared = None
         self._gather()
         self._as_views()  # the parameters live in flat from here on: no gather or scatter per step
-        self.before, self.change = torch.empty_like(self.flat), torch.empty_like(self.flat)
+        if not self.overlap:  # the in-step exchange's change of one step (the overlapped one keeps its own)
+            self.before, self.change = torch.empty_like(self.flat), torch.empty_like(self.flat)
         self.grads = torch.empty_like(self.flat) if self.group is not None and self.group.size > 1 else None
         self.merged = torch.zeros(1, dtype=torch.int32)  # overlapped: did this step take in the others'?
         if self.sharer:
