@@ -73,7 +73,7 @@ def info():
         pass
     return {
         "hostname": u.node, "kernel": u.release, "os": _os_release(), "arch": u.machine,
-        "cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
+        "cpu_model": cpu_model(), "caches": caches(), "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)), "cgroup_cpu_max": _cgroup_cpu(),
         "mem_total_kB": mem, "numa_nodes": _numa_nodes(),
         "in_container": os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
@@ -98,6 +98,19 @@ def mem_available():
                                if ln.startswith("MemAvailable")))
     except (OSError, StopIteration, ValueError):
         return None
+
+
+def caches():
+    """This CPU's caches as lscpu names them, e.g. "L1d 48K, L1i 32K, L2 2048K, L3 491520K"
+    (cpu0's view: per core or shared, as the kernel reports them)."""
+    out = []
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            level, kind, size = (open(f"{d}/{f}").read().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        out.append(f"L{level}{ {'Data': 'd', 'Instruction': 'i'}.get(kind, '')} {size}")
+    return ", ".join(out) or None
 
 
 def llc_bytes():

@@ -130,10 +130,11 @@ def _ratio(x):
     return "-" if x is None else f"{x:.3g}"
 
 
-def markdown(summ, lim, meta, oversub, tg=None):
+def markdown(summ, lim, meta, oversub, tg=None, tg_hosts=None):
     out = [f"# hbmcoll bench {meta.get('run_id', '')}", ""]
     m = meta.get("machine", {})
-    out.append(f"Machine: {m.get('cpu_model')}, {m.get('usable_cpus')} usable CPUs, "
+    out.append(f"Machine: {m.get('cpu_model')} (caches {m.get('caches') or 'unknown'}), "
+               f"{m.get('usable_cpus')} usable CPUs, "
                f"{len(m.get('numa_nodes', {}))} NUMA node(s), kernel {m.get('kernel')}; "
                f"mode `{meta.get('mode')}`, {meta.get('rounds')} interleaved round(s); "
                f"float32, sum; latency = the mean over ranks in each library's best round (us; "
@@ -175,7 +176,7 @@ def markdown(summ, lim, meta, oversub, tg=None):
                    "out-of-place allreduce cannot avoid: read the input, write the output). "
                    "A library's time over the floor is what its communication adds.")
     if any(s["label"] == T.STAGED_FLOOR for s in summ):
-        out.append(f"`{T.STAGED_FLOOR}` (allreduce, gather): the memory work plus the least "
+        out.append(f"`{T.STAGED_FLOOR}` (allreduce, gather, bcast): the memory work plus the least "
                    "data that must cross between the ranks through shared memory (a rank's "
                    "result needs its peers' private inputs), done by bare C with a spinning "
                    "flag per chunk and nothing else, the fastest of its schedules at each size "
@@ -232,7 +233,8 @@ def markdown(summ, lim, meta, oversub, tg=None):
                         for z in bsz])
             out += _table(["", *[human(z) for z in bsz]], rows)
         out.append("")
-    out += T.markdown(tg)  # the targets, after the plain results
+    out += T.markdown_hosts(tg_hosts)  # the targets, after the plain results: this host's
+    out += T.markdown(tg)              # (issue 19), then issue 4's
     if oversub:
         out += ["## Oversubscribed: 8-byte allreduce, more ranks than cores", "",
                 "MPICH's shared-memory path busy-polls, so ranks waiting for a descheduled "
@@ -298,14 +300,14 @@ def plots(outdir, summ, lim):
 
 def write_all(outdir, meta, rows, summ, lim, oversub):
     meta["plots"] = plots(outdir, summ, lim)
-    tg = T.check(summ, rows, oversub)
+    tg, tg_hosts = T.check(summ, rows, oversub), T.check_hosts(summ, rows)
     doc = {"meta": meta, "limits": lim, "summary": summ, "rows": rows, "oversubscribed": oversub,
-           "targets": tg}
+           "targets": tg, "targets_hosts": tg_hosts}
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)
     write_csv(os.path.join(outdir, "results.csv"), summ)
     write_csv(os.path.join(outdir, "rounds.csv"), rows)
-    md = markdown(summ, lim, meta, oversub, tg)
+    md = markdown(summ, lim, meta, oversub, tg, tg_hosts)
     with open(os.path.join(outdir, "table.md"), "w") as f:
         f.write(md + "\n")
     return md

@@ -14,7 +14,8 @@
  *         stage my whole chunk, then add every peer's staged chunk to my input into my output;
  *   rsag_nt  rsag with the copy-out in streaming stores (hbmcoll's from HBMCOLL_STREAM_MIN).
  * And gather (the least for a root with a private output: copy its own part, and every chunk
- * its peers staged, into that output).
+ * its peers staged, into that output), and bcast (the root stages each chunk, the others copy it
+ * out, one chunk behind).
  * One "arrived" and one "done" flag per chunk, spinning, so what is read is the peers' fresh
  * writes; no descriptors, no checks, no wake-ups, float32 sum only.
  *
@@ -221,6 +222,38 @@ int staged_floor_gather(void *shared, int me, int P, int root, int how, const fl
         if (how == 2) copy_nt(out + (size_t)q * n + off, SLOT(q, p), m * sizeof(float));
         else memcpy(out + (size_t)q * n + off, SLOT(q, p), m * sizeof(float));
       }
+    }
+    atomic_store_explicit(&fl[me].done, t, memory_order_release);
+  }
+#undef SLOT
+  if (how == 2) fence_nt();
+  return 0;
+}
+
+/* Bcast of n floats from root's buf into every other rank's buf: the root stages chunk by chunk
+ * into its two slots, the others copy each chunk out as it arrives (how as for gather). The root
+ * reuses a slot once every rank has finished the round before it, so staging chunk k+1 overlaps
+ * the copies of chunk k. */
+int staged_floor_bcast(void *shared, int me, int P, int root, int how, float *buf, size_t n) {
+  if (P < 1 || P > MAXP) return -1;
+  flags_t *fl = shared;
+  float *slots = (float *)((char *)shared + (size_t)P * sizeof(flags_t));
+  size_t CE = CHUNK / sizeof(float), K = n ? (n + CE - 1) / CE : 1;
+#define SLOT(q, p) (slots + ((size_t)(q) * 2 + (size_t)(p)) * CE)
+  for (size_t k = 0; k < K; k++) {
+    long t = ++round_no;
+    int p = (int)(t & 1);
+    size_t off = k * CE, m = n - off < CE ? n - off : CE;
+    if (me == root) {
+      for (int q = 0; q < P; q++) /* everyone read slot[p] of round t - 2 */
+        if (q != me && spin_until(&fl[q].done, t - 2)) return -1;
+      memcpy(SLOT(me, p), buf + off, m * sizeof(float));
+      atomic_store_explicit(&fl[me].arrived, t, memory_order_release);
+    } else {
+      if (spin_until(&fl[root].arrived, t)) return -1;
+      if (how == 1) copy_movsb(buf + off, SLOT(root, p), m * sizeof(float));
+      else if (how == 2) copy_nt(buf + off, SLOT(root, p), m * sizeof(float));
+      else memcpy(buf + off, SLOT(root, p), m * sizeof(float));
     }
     atomic_store_explicit(&fl[me].done, t, memory_order_release);
   }

@@ -98,6 +98,34 @@ def test_targets_verdict_pairs_rounds_and_oversub():
     assert "1 of the misses out of reach" in md and "| 2.50x | **missed** (out of reach) |" in md, md
 
 
+def test_host_targets_take_the_fastest_peer_of_each_round_and_the_staged_floor():
+    def row(lb, rnd, t, size=1 << 20):
+        return {"label": lb, "library": lb.split("-")[0], "P": 2, "collective": "allreduce",
+                "size": size, "round": rnd, "avg_us": t, "min_us": t, "max_us": t, "status": "ok"}
+    # hbmcoll 100/150; MPICH 120/140, Open MPI 110/300: fastest best 110 (Open MPI) = 1.1x;
+    # per round min(120, 110)/100 = 1.1, min(140, 300)/150 = 0.93: 1 of 2 held
+    rows = [row("hbmcoll-numpy", 0, 100.0), row("hbmcoll-numpy", 1, 150.0),
+            row("mpi4py", 0, 120.0), row("mpi4py", 1, 140.0),
+            row("openmpi", 0, 110.0), row("openmpi", 1, 300.0),
+            row("floor-staged", 0, 80.0), row("floor-staged", 1, 90.0),
+            row("hbmcoll-empty", 0, 40.0), row("hbmcoll-numpy", 0, 2.0, 8), row("mpi4py", 0, 1.0, 8)]
+    res = {r["target"]: r for r in targets.check_hosts(report.summarize(rows, None), rows)}
+    peer = res["allreduce 1 MiB, 2 ranks: >= the fastest peer"]
+    assert peer["peer"] == "openmpi" and peer["measured"] == pytest.approx(1.1) and peer["ok"]
+    assert peer["rounds_held"] == "1/2" and peer["ceiling"] == pytest.approx(110 / 80)
+    near = res["allreduce 1 MiB, 2 ranks: within 1.2x of floor-staged"]
+    assert near["measured"] == pytest.approx(0.8) and near["ok"] is False  # 100 us over 80: 1.25x
+    assert res["allreduce 8 B, 2 ranks: >= the fastest peer"]["ok"] is False
+    assert "allreduce 8 B, 2 ranks: within 1.2x of floor-staged" not in res  # from 64 KiB only
+    assert res["allreduce 1 MiB, 2 ranks: >= 3x MPICH, hbmcoll.empty"]["ok"] is True
+    assert res["allreduce 1 MiB, 2 ranks: >= 3x Open MPI, hbmcoll.empty"]["measured"] == \
+        pytest.approx(110 / 40)
+    assert res["allreduce 16 MiB, 2 ranks: >= 3x MPICH, hbmcoll.empty"]["ok"] is None
+    md = "\n".join(targets.markdown_hosts(list(res.values())))
+    assert "| allreduce 1 MiB, 2 ranks: within 1.2x of floor-staged | hbmcoll-numpy | 1.25x |" in md, md
+    assert "missed allreduce 8 B, 2 ranks: >= the fastest peer (mpi4py) (hbmcoll-numpy: 0.50x)" in md, md
+
+
 def test_limit_target_judges_both_buffers_and_bounds_numpy_by_the_staged_floor():
     def row(lb, rnd, t):
         return {"label": lb, "library": lb.split("-")[0], "P": 2, "collective": "allreduce",
@@ -157,6 +185,11 @@ def test_staged_floor_kernel_is_an_allreduce(P):
                         want_g = np.concatenate([np.arange(n, dtype=np.float32) % 97 + q + it
                                                  for q in range(P)])
                         ok = ok and rc == 0 and (me != root or np.array_equal(g, want_g))
+                    for root, how in ((0, 0), (P - 1, 1), (P // 2, 2)):   # bcast, in place
+                        b = x.copy() if me == root else np.zeros(n, np.float32)
+                        rc = kernel.staged_floor_bcast(base, me, P, root, how, b.ctypes.data, n)
+                        want_b = np.arange(n, dtype=np.float32) % 97 + root + it
+                        ok = ok and rc == 0 and np.array_equal(b, want_b)
             finally:
                 os._exit(0 if ok else 1)
         pids.append(pid)

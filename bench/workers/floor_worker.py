@@ -13,7 +13,7 @@ once do `out = in + 1` on their own buffers: read the N-byte input, write the N-
 ordinary stores. Same rotation, touch and timing loop as the library workers
 (common.py), so a library's time over this one is what its communication costs on top of the
 bytes every rank must read and write anyway. The plain floor is for allreduce only, the staged
-one for allreduce and gather; other collectives are reported as not supported. Buffers are
+one for allreduce, gather and bcast; other collectives are reported as not supported. Buffers are
 ordinary NumPy arrays, so the floors are for the out-of-place variants (mpi4py,
 hbmcoll-numpy); hbmcoll-empty runs in place and moves less.
 """
@@ -36,7 +36,8 @@ import common as C  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNEL_SRC = os.path.join(HERE, "..", "c", "staged_floor.c")
 # per collective, the schedules (kernel variants) measured; pass i runs the i-th of each
-SCHEDULES = {"allreduce": ("rsag", "flat", "rsag_nt"), "gather": ("memcpy", "movsb", "nt")}
+SCHEDULES = {"allreduce": ("rsag", "flat", "rsag_nt"), "gather": ("memcpy", "movsb", "nt"),
+             "bcast": ("memcpy", "movsb", "nt")}
 PASSES = len(SCHEDULES["allreduce"])   # the same number for every collective
 
 
@@ -67,6 +68,8 @@ def staged_kernel():
         f.argtypes, f.restype = [ptr, i32, i32, ptr, ptr, n], i32
     lib.staged_floor_gather.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr, n]
     lib.staged_floor_gather.restype = i32
+    lib.staged_floor_bcast.argtypes = [ptr, i32, i32, i32, i32, ptr, n]
+    lib.staged_floor_bcast.restype = i32
     return lib
 
 
@@ -90,6 +93,11 @@ def rank_main(rank, P, spec, out, barrier, kernel=None, shared=None):
 
             def call(b, me, P, sp, rp, n):
                 return kernel.staged_floor_gather(b, me, P, 0, how, sp, rp, n)
+        elif coll == "bcast":  # in place: rank 0's buffers are the source, the others' the output
+            r, how = s, npass
+
+            def call(b, me, P, sp, rp, n):
+                return kernel.staged_floor_bcast(b, me, P, 0, how, sp, n)
         else:
             r = [C.output(n) for _ in range(nbuf)]
             call = getattr(kernel, f"staged_floor_{SCHEDULES[coll][npass]}")
