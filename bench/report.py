@@ -18,11 +18,12 @@ import limits as L
 import noise
 import targets as T
 
-PEERS = ("mpi4py", "openmpi", "torch")
+PEERS = ("mpi4py", "openmpi", "torch", "deepspeed")   # deepspeed: allreduce only
 # what each label of the tables and plots measures
 LABELS = {"mpi4py": "MPICH's collective through mpi4py (NumPy buffers)",
           "openmpi": "Open MPI's collective through mpi4py built against it (NumPy buffers)",
           "torch": "torch.distributed with gloo (CPU tensors)",
+          "deepspeed": "DeepSpeed's shared-memory CPU allreduce (inference_all_reduce), torch tensors",
           "hbmcoll-numpy": "hbmcoll with NumPy buffers (private memory: staged through the shared segment)",
           "hbmcoll-empty": "hbmcoll with hbmcoll.empty buffers (in the shared segment: no staging copy)",
           "floor": "no communication: only the memory work an out-of-place allreduce cannot avoid",

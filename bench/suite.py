@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""hbmcoll benchmark driver: hbmcoll against mpi4py+MPICH and torch.distributed (gloo).
+"""hbmcoll benchmark driver: hbmcoll against mpi4py+MPICH, torch.distributed (gloo) and
+DeepSpeed's shared-memory CPU allreduce.
 
-Each library runs under its own launcher (mpiexec, torchrun, python -m hbmcoll.run) with its
+Each library runs under its own launcher (mpiexec, torchrun, deepspeed, python -m hbmcoll.run) with its
 worker in bench/workers/; rounds interleave the libraries so machine noise hits all alike.
 Writes bench/results/<timestamp>/{results.json,results.csv,rounds.csv,table.md,*.png} and
 points bench/results/latest at it (./hbmcoll-bench-results/ when the suite runs from an
@@ -63,11 +64,15 @@ def csv_list(s):
     return [x for x in s.split(",") if x]
 
 
-LIBS = ("mpi4py", "openmpi", "torch", "hbmcoll", "floor", "floor-staged")
+LIBS = ("mpi4py", "openmpi", "torch", "deepspeed", "hbmcoll", "floor", "floor-staged")
 # Open MPI's peer: mpi4py built against Open MPI, in a virtual environment of its own (Debian's
 # mpi4py here is MPICH's); `make openmpi-peer` makes it at build/ompi-venv
 OMPI_PYTHON = os.environ.get("HBMCOLL_BENCH_OPENMPI_PYTHON") or os.path.join(
     os.path.dirname(HERE), "build", "ompi-venv", "bin", "python")
+# DeepSpeed's peer: its shared-memory CPU allreduce, in a virtual environment that reuses the
+# system's torch; `make deepspeed-peer` makes it at build/ds-venv and builds the shm op there
+DS_VENV = os.path.join(os.path.dirname(HERE), "build", "ds-venv")
+DS_PYTHON = os.environ.get("HBMCOLL_BENCH_DEEPSPEED_PYTHON") or os.path.join(DS_VENV, "bin", "python")
 
 
 def lib_list(s):
@@ -87,7 +92,9 @@ def args_parser():
                     help=f"comma-separated, from {', '.join(LIBS)}. mpi4py: MPICH's collectives; openmpi: Open "
                          "MPI's, through mpi4py built against it (HBMCOLL_BENCH_OPENMPI_PYTHON, default "
                          "build/ompi-venv: `make openmpi-peer`); torch: "
-                         "gloo; hbmcoll: NumPy buffers (hbmcoll-numpy) and hbmcoll.empty ones "
+                         "gloo; deepspeed: DeepSpeed's shared-memory CPU allreduce, allreduce only "
+                         "(HBMCOLL_BENCH_DEEPSPEED_PYTHON, default build/ds-venv: `make "
+                         "deepspeed-peer`); hbmcoll: NumPy buffers (hbmcoll-numpy) and hbmcoll.empty ones "
                          "(hbmcoll-empty); floor: no communication, only the memory work of an "
                          "out-of-place allreduce on each rank; floor-staged: that plus the least data "
                          "that must cross between ranks, in bare C (bench/workers/floor_worker.py)")
@@ -186,8 +193,31 @@ def hbmcoll_under_test():
     return where, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
 
 
+def ds_env():
+    """What DeepSpeed's launches get: its CPU accelerator, the venv's scripts first on PATH as
+    when it is activated (the shm op's JIT load wants ninja there), and the folder its shm op is
+    built in (build/ds-venv/torch_extensions, as `make deepspeed-peer` builds it; with
+    HBMCOLL_BENCH_DEEPSPEED_PYTHON, the caller's TORCH_EXTENSIONS_DIR or torch's default)."""
+    env = {"DS_ACCELERATOR": "cpu",
+           "PATH": os.pathsep.join([os.path.dirname(DS_PYTHON), os.environ.get("PATH", "")])}
+    if not os.environ.get("HBMCOLL_BENCH_DEEPSPEED_PYTHON"):
+        env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+            DS_VENV, "torch_extensions")
+    return env
+
+
 def available(lib):
     """(ok, reason): the library imports and its launcher exists."""
+    if lib == "deepspeed":            # the worker's own check: DeepSpeed imports, the shm op
+        if not os.path.exists(DS_PYTHON):   # loads (built here if it is not yet, ~30 s) and runs
+            return False, f"no Python for DeepSpeed at {DS_PYTHON} (`make deepspeed-peer` makes build/ds-venv)"
+        try:
+            p = subprocess.run([DS_PYTHON, os.path.join(WORKERS, "deepspeed_worker.py"), "--check"],
+                               env=env_with(ds_env()), capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return False, "its shm op did not build in 600 s"
+        return (True, "") if p.returncode == 0 else (
+            False, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1])
     probes = {"mpi4py": ("import mpi4py.MPI", "mpiexec"),
               "openmpi": ("from mpi4py import MPI; assert 'Open MPI' in MPI.Get_library_version()",
                           "mpiexec.openmpi"),
@@ -222,6 +252,13 @@ def command(lib, P, spec_path, prefix):
     if lib == "openmpi":  # the same worker, as Open MPI's users launch it (root and oversubscribed allowed)
         return ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(P),
                 OMPI_PYTHON, os.path.join(WORKERS, "mpi4py_worker.py"), spec_path, prefix]
+    if lib == "deepspeed":  # its launcher, as its CPU docs run it: a core (one thread) per rank
+        cpus = sorted(os.sched_getaffinity(0))[:P]
+        launcher = os.path.join(os.path.dirname(DS_PYTHON), "deepspeed")
+        bind = ["--bind_cores_to_rank", f"--bind_core_list={','.join(map(str, cpus))}"]
+        return ([launcher] if os.path.exists(launcher) else [DS_PYTHON, "-m", "deepspeed.launcher.runner"]) + [
+            f"--num_accelerators={P}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+            "--no_local_rank"] + (bind if len(cpus) == P else []) + [worker, spec_path, prefix]
     if lib == "torch":
         run = ["torchrun"] if shutil.which("torchrun") else [sys.executable, "-m",
                                                                  "torch.distributed.run"]
@@ -292,7 +329,7 @@ def configs(cfg, libs):
     out = []
     for lib in libs:
         if lib != "hbmcoll":
-            out.append((lib, lib, {}, {}))
+            out.append((lib, lib, ds_env() if lib == "deepspeed" else {}, {}))
             continue
         for buf, mem, bind in itertools.product(cfg["buffers"], cfg["memory"], cfg["bind"]):
             label = f"hbmcoll-{buf}" + ("" if mem == "hbm_preferred" else f"-{mem}") + (
@@ -323,6 +360,10 @@ def run_task(task, raw, timeout, idle_wait=0):
     busy = wait_idle(idle_wait)
     snap = machine.cpu_snapshot()
     status, wall = launch(cmd, env_with(env_extra), timeout, prefix + ".log")
+    if lib == "deepspeed":   # its shm segments, if a rank died before unlinking its own
+        port = next(a.split("=", 1)[1] for a in cmd if a.startswith("--master_port="))
+        for f in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*"):
+            os.remove(f)
     other = machine.foreign_busy(snap, machine.cpu_snapshot())
     got = report.collect(prefix, P) if status == "ok" else None
     rec = {"label": label, "library": lib, "P": P, "round": rnd, "status": status,
@@ -409,6 +450,7 @@ def main(argv=None):
                       "word rewritten per iteration (same code for every library)",
             "fairness": {"OMP_NUM_THREADS": "1", "torch.set_num_threads": 1,
                          "torch_allreduce": "in place (gloo has no out-of-place)",
+                         "deepspeed_allreduce": "in place (inference_all_reduce), a core per rank",
                          "mpi4py_allreduce": "out of place (OMB-Py)",
                          "hbmcoll_allreduce": "numpy: out=; empty: in place (zero copy)"},
             "launchers": {lib: command(lib, 2, "SPEC", "OUT")[:1] for lib in libs},

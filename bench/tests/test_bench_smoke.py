@@ -235,7 +235,39 @@ def test_suite_runs_and_writes_files(tmp_path):
 def test_an_unknown_library_is_refused_with_the_valid_names():
     p = subprocess.run([sys.executable, os.path.join(BENCH, "suite.py"), "--libs", "hbmcoll,gloo"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "unknown gloo: choose from mpi4py, openmpi, torch, hbmcoll, floor, floor-staged" in p.stderr
+    assert p.returncode == 2 and ("unknown gloo: choose from mpi4py, openmpi, torch, deepspeed, hbmcoll, "
+                                  "floor, floor-staged") in p.stderr
+
+
+def test_deepspeed_peer_is_its_shm_allreduce_and_leaves_no_segments(tmp_path):
+    """DeepSpeed's shm allreduce under its own launcher, below and above its 1 MiB switch (each
+    rank reduces all / its slice): each size checked by the worker, allreduce only (no shm
+    bcast), and none of its /dev/shm segments left."""
+    ds_python = os.environ.get("HBMCOLL_BENCH_DEEPSPEED_PYTHON") or os.path.join(
+        os.path.dirname(BENCH), "build", "ds-venv", "bin", "python")
+    if not os.path.exists(ds_python):
+        pytest.skip(f"no DeepSpeed peer at {ds_python}: `make deepspeed-peer` makes build/ds-venv")
+    shm = lambda: {f for f in os.listdir("/dev/shm") if f.startswith("deepspeed_allreduce")}  # noqa: E731
+    before = shm()
+    cmd = [sys.executable, os.path.join(BENCH, "suite.py"), "--libs", "deepspeed", "--sizes",
+           "8,2M", "--collectives", "allreduce,bcast", "--iters", "20", "--iters-large", "3",
+           "--rounds", "1", "--no-oversub", "--no-limits", "--no-plots", "--timeout", "240",
+           "--out", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    skipped = [ln for ln in p.stderr.splitlines() if ln.startswith("[bench] deepspeed skipped")]
+    if skipped:
+        pytest.skip(skipped[0])
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.load(open(os.path.join(tmp_path, "latest", "results.json")))
+    (task,) = doc["meta"]["tasks"]
+    assert task["status"] == "ok", task
+    assert task["meta"]["call"].startswith("deepspeed.comm.inference_all_reduce"), task["meta"]
+    assert task["meta"]["shm_vector_kernel_level"] >= 1 and task["meta"]["LOCAL_SIZE"] == "2"
+    assert {(s["collective"], s["size"]) for s in doc["summary"]} == {
+        ("allreduce", 8), ("allreduce", 2 << 20)}, doc["summary"]
+    assert "`deepspeed`: DeepSpeed's shared-memory CPU allreduce" in open(
+        os.path.join(tmp_path, "latest", "table.md")).read()
+    assert shm() <= before, shm() - before
 
 
 def test_floor_worker_dead_rank_stops_the_others(tmp_path):
