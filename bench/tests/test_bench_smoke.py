@@ -226,8 +226,8 @@ def test_suite_runs_and_writes_files(tmp_path):
         assert table.index("## allreduce, 2 ranks") < table.index("## Speed targets")
         assert "`hbmcoll-empty`: hbmcoll with hbmcoll.empty buffers" in table
     # the floor (no communication) is measured for allreduce only, the staged floor for
-    # allreduce and gather, beside the libraries
-    for lb, colls in (("floor", ["allreduce"]), ("floor-staged", ["allreduce", "gather"])):
+    # allreduce, gather and bcast, beside the libraries
+    for lb, colls in (("floor", ["allreduce"]), ("floor-staged", ["allreduce", "gather", "bcast"])):
         floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == lb}
         assert floor == {(c, z) for c in colls for z in (8, 65536)}, (lb, floor)
 
