@@ -375,6 +375,20 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   if (self->comm == NULL) Py_RETURN_NONE;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_comm_t *c = self->comm;
+  /* a last bcast as root (gather as sender) returned before the peers compared their calls
+   * with it: compare now, so a disagreement is raised here rather than never */
+  int rc = 0;
+  char text[320] = "";
+  if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0 &&
+      (self->any_thread || PyThread_get_thread_ident() == self->owner_thread)) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = coll_comm_settle(c);
+    Py_END_ALLOW_THREADS
+  }
+  if (rc) {
+    const char *t = NULL;
+    if (coll_comm_error(c, &t) == rc && t) snprintf(text, sizeof text, "%s", t);
+  }
   self->comm = NULL;
   if (self->arena_live > 0) { /* hbmcoll.empty arrays still live: keep the mapping */
     coll_comm_leave(c);
@@ -385,6 +399,8 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
     Py_END_ALLOW_THREADS
   }
   hb_comm_unlock(self);
+  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
+  if (rc) return hb_raise(self->state, rc, text[0] ? text : NULL);
   Py_RETURN_NONE;
 }
 

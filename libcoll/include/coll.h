@@ -147,6 +147,16 @@ int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p)
 /* (If a rank cannot create its part (out of fds, Ctrl-C), `comm` fails on every
  * rank with that reason: the members of its group stop waiting for it.) */
 
+/* A bcast's root and a small gather's senders return before their peers have
+ * compared descriptors (as MPI's eager sends return before the receive); a
+ * disagreement reaches them at their next call. This makes that check now: it
+ * waits until every peer has reached this rank's last collective and compares
+ * their descriptors with its own. 0, or what coll_run would return (COLL_EMISMATCH
+ * naming both calls, COLL_EPEERLOST, ...), the communicator failed as coll_run
+ * fails it. Call it before coll_comm_free to learn of a disagreement in the last
+ * call; 0 at once when the last call needs no check or requests are still queued. */
+int coll_comm_settle(coll_comm_t *comm);
+
 /* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST,
  * "rank r left before collective #n"), then release everything (threads,
  * mappings, fds). Queued requests fail with COLL_EABORTED. NULL is fine. In a

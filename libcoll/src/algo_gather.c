@@ -29,8 +29,9 @@
 enum { GA_EAGER = 1, GA_PIPELINED = 2, GA_SINGLE_COPY = 3 };
 
 /* Small messages (up to HBMCOLL_SMALL_MAX): everyone stages and publishes at
- * t0 and compares every descriptor; the root copies and publishes `done`
- * (which frees the slots), the others return at once. */
+ * t0; the root compares every descriptor, copies and publishes `done` (which
+ * frees the slots); the others return at once, as MPI's eager sends do, and
+ * compare the descriptors at their next call (coll__round_unchecked). */
 static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   int root = a->root, me = c->rank, rc;
   uint64_t t0 = coll__round_next(c);
@@ -40,10 +41,14 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
     if (nbytes) memcpy(slot, a->send, nbytes);
   }
   coll__round_begin(c, a, GA_EAGER, 0, 0);
-  if (slot) coll__publish_staged(c, t0, root, t0);
-  else coll__publish(c, t0);
   coll__round_end(c, t0);
-  if ((rc = coll__meet_all(c, t0)) != 0 || me != root) return rc;
+  if (slot) {
+    coll__publish_staged(c, t0, root, t0);
+    coll__round_unchecked(c, t0);
+    return 0;
+  }
+  coll__publish(c, t0);
+  if ((rc = coll__meet_all(c, t0)) != 0) return rc;
   uint8_t *recv = a->recv;
   if (nbytes && recv + (size_t)me * nbytes != (const uint8_t *)a->send)
     memmove(recv + (size_t)me * nbytes, a->send, nbytes);

@@ -117,6 +117,9 @@ struct coll_comm {
                                * barriers, a 2-rank allreduce's hand-over from flat to
                                * rsag): messages count calls */
   uint64_t splits;
+  uint64_t unchecked_seq;     /* my last call returned before its peers compared descriptors
+                               * (round.h: coll__round_unchecked), 0 none */
+  uint64_t unchecked_round;   /* its first round */
   uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
   int slot_reader[2];         /* the one reader of slot[p], -1 all, -2-R my children in the
                                * tree rooted at R */

@@ -10,6 +10,7 @@
 
 #include "algorithms.h"
 #include "coll_internal.h"
+#include "round.h"
 
 static int coll_uses_op(coll_kind_t k) {
   return k == COLL_REDUCE || k == COLL_ALLREDUCE || k == COLL_REDUCE_SCATTER;
@@ -51,6 +52,7 @@ static int coll_dispatch(coll_comm_t *c, const coll_args_t *a) {
 
 int coll__execute(coll_comm_t *c, const coll_args_t *a) {
   int rc = coll__aborted(c);
+  if (rc == 0 && c->unchecked_seq) rc = coll__settle(c);
   if (rc) return rc;
   coll_args_t safe;
   void *copy;

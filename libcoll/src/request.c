@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "coll_internal.h"
+#include "round.h"
 
 struct coll_req {
   coll__worker_t *worker;
@@ -212,4 +213,26 @@ int coll_run(coll_comm_t *c, const coll_args_t *a) {
   if (rc) return rc;
   if (c->error) return c->error;
   return run_ordered(c, a);
+}
+
+int coll_comm_settle(coll_comm_t *c) {
+  if (c == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
+  if (c->unchecked_seq == 0) return 0;
+  if (c->error) return c->error;
+  coll__worker_t *w = c->worker;
+  int queued = 0;
+  if (w) {
+    pthread_mutex_lock(&w->lock);
+    queued = w->pending;
+    pthread_mutex_unlock(&w->lock);
+  }
+  if (queued) return 0; /* the worker owns the rounds; its requests report for themselves */
+  int rc = coll__aborted(c);
+  if (rc == 0) {
+    c->allow_interrupt = 1;
+    rc = coll__settle(c);
+    c->allow_interrupt = 0;
+  }
+  return rc;
 }

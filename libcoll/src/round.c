@@ -5,10 +5,11 @@
  * Every collective starts at round t0 = (last round) + 1 with each rank's descriptor
  * (kind, dtype, count, op, root, algorithm) beside its flags. Each algorithm makes some
  * rank (the root, or everyone) compare all descriptors at t0 before it publishes data
- * others consume, and every rank waits on such a rank before it completes. So either all
- * ranks get their result or all get COLL_EMISMATCH, and finishing collective s+1 anywhere
- * implies that all ranks finished s: what makes two descriptor copies and two slot
- * parities enough.
+ * others consume, and every rank waits on such a rank before it completes, except a rank
+ * that only gives (a bcast's root, a small gather's sender), which stages and returns and
+ * compares at its next call (coll__settle). So every rank gets its result or COLL_EMISMATCH
+ * (such a giver at its next call), and arriving at collective s+1 anywhere implies that
+ * rank finished s: what makes two descriptor copies and two slot parities enough.
  *
  * Slot reuse: my slot[t & 1] holds what I published at round t; before I write it again
  * (round t+2, or later) its readers must have said done for the round they last read it in.
@@ -61,9 +62,9 @@ static int round_describe(const coll__desc_t *d, char *buf, size_t len) {
   return n + snprintf(buf + n, len - (size_t)n, ")");
 }
 
-int coll__validate(coll_comm_t *c, int peer) {
-  const coll__desc_t *mine = c->tp->desc(c, c->rank, c->seq);
-  const coll__desc_t *theirs = c->tp->desc(c, peer, c->seq);
+static int round_validate(coll_comm_t *c, int peer, uint64_t seq) {
+  const coll__desc_t *mine = c->tp->desc(c, c->rank, seq);
+  const coll__desc_t *theirs = c->tp->desc(c, peer, seq);
   coll_kind_t k = (coll_kind_t)mine->kind;
   int same = theirs->seq == mine->seq && theirs->kind == mine->kind &&
              theirs->dtype == mine->dtype && theirs->count == mine->count && theirs->algo == mine->algo &&
@@ -75,6 +76,19 @@ int coll__validate(coll_comm_t *c, int peer) {
   round_describe(theirs, t, sizeof t);
   return coll__fail(c, COLL_EMISMATCH, "ranks disagree in collective #%llu: rank %d called %s, rank %d called %s",
                     (unsigned long long)(mine->seq - c->extra_seq), c->rank, m, peer, t);
+}
+
+int coll__validate(coll_comm_t *c, int peer) { return round_validate(c, peer, c->seq); }
+
+int coll__settle(coll_comm_t *c) {
+  uint64_t seq = c->unchecked_seq, t0 = c->unchecked_round;
+  c->unchecked_seq = 0;
+  for (int k = 1; k < c->size && seq; k++) {
+    int q = (c->rank + k) % c->size, rc = c->tp->wait_arrive(c, q, t0);
+    if (rc == 0) rc = round_validate(c, q, seq);
+    if (rc) return rc;
+  }
+  return 0;
 }
 
 int coll__meet(coll_comm_t *c, int peer, uint64_t t0) {

@@ -34,6 +34,19 @@ static inline uint64_t coll__round_next(const coll_comm_t *c) { return c->round 
  * own rounds (a descriptor of one call, not two, in error messages). */
 void coll__round_handover(coll_comm_t *c, uint64_t last);
 
+/* The collective I am in returns before its peers compared my descriptor with theirs (a
+ * bcast's root, a small gather's sender: they stage what the others need and go, as MPI's
+ * eager sends do). My next call, or coll_comm_settle, compares them first (coll__settle):
+ * a disagreement reaches me there. Safe because no rank writes its descriptor for seq s+2
+ * before every peer arrived at s+1, where each has compared what it left unchecked of s. */
+static inline void coll__round_unchecked(coll_comm_t *c, uint64_t t0) {
+  c->unchecked_seq = c->seq;
+  c->unchecked_round = t0;
+}
+/* Compare every peer's descriptor of my unchecked call with mine (waiting for them to reach
+ * it): 0, or COLL_EMISMATCH naming both calls (or a wait's failure). */
+int coll__settle(coll_comm_t *c);
+
 /* ---- descriptors ---- */
 /* Wait for peer's arrival at t0 and compare its descriptor with mine (COLL_EMISMATCH,
  * naming both calls, on any difference). */

@@ -233,6 +233,20 @@ static void mm_root(int r, int P, coll_args_t *a, const char **algo) {
   (void)algo;
   *a = (coll_args_t){.kind = COLL_BCAST, .dtype = COLL_INT64, .root = r == P - 1 ? 1 : 0, .count = 9};
 }
+static void mm_root_big(int r, int P, coll_args_t *a, const char **algo) {
+  (void)algo;
+  *a = (coll_args_t){.kind = COLL_BCAST, .dtype = COLL_INT64, .root = r == P - 1 ? 1 : 0, .count = 300000};
+}
+static void mm_bcast_self_root(int r, int P, coll_args_t *a, const char **algo) {
+  (void)algo;
+  (void)P;
+  *a = (coll_args_t){.kind = COLL_BCAST, .dtype = COLL_INT64, .root = r, .count = 9};
+}
+static void mm_bcast_self_root_big(int r, int P, coll_args_t *a, const char **algo) {
+  (void)algo;
+  (void)P;
+  *a = (coll_args_t){.kind = COLL_BCAST, .dtype = COLL_INT64, .root = r, .count = 300000};
+}
 static void mm_algo(int r, int P, coll_args_t *a, const char **algo) {
   (void)P;
   *algo = r == 0 ? "rsag" : "flat";
@@ -291,6 +305,9 @@ static const mm_case_t mm_cases[] = {
     {"mismatch: op (reduce_scatter)", mm_op, 5},
     {"mismatch: op (reduce, off the root)", mm_reduce_op, 5},
     {"mismatch: root (bcast)", mm_root, 9},
+    {"mismatch: root (bcast), many chunks", mm_root_big, 300000},
+    {"mismatch: bcast, every rank names itself root", mm_bcast_self_root, 9},
+    {"mismatch: same, many chunks", mm_bcast_self_root_big, 300000},
     {"mismatch: forced algorithm", mm_algo, 1000},
     {"mismatch: kind (barrier vs allreduce)", mm_kind, 3},
     {"mismatch: kind (gather vs bcast)", mm_kind2, 3},
@@ -331,6 +348,11 @@ static int rank_mismatch(int rank, int size, const char *key, void *arg) {
   if (!a.recv) a.recv = recv;
   if (algo) coll_set_algorithm(c, a.kind, algo);
   int rc = coll_run(c, &a);
+  /* a rank that only gives (a bcast's root, a small gather's sender) returns at once and
+   * learns of the disagreement when it settles (its next call, or coll_comm_settle) */
+  int gives = (a.kind == COLL_BCAST && a.root == rank) ||
+              (a.kind == COLL_GATHER && a.root != rank && a.count * coll_dtype_size(a.dtype) <= 16384);
+  if (rc == 0 && gives) rc = coll_comm_settle(c);
   EXPECT(rc == COLL_EMISMATCH, "rank %d: %s: got %s, want EMISMATCH", rank, mc->name, coll_err_name(rc));
   const char *text = "";
   coll_comm_error(c, &text);

@@ -73,6 +73,14 @@ def _mm_root_bcast(comm, odd):
     comm.bcast(np.zeros(10, np.float32), root=1 if odd else 0)
 
 
+def _mm_root_self_bcast(comm, odd):  # every rank a root: nobody receives
+    comm.bcast(np.zeros(10, np.float32), root=comm.rank)
+
+
+def _mm_root_self_bcast_large(comm, odd):  # the same through the slots, chunk by chunk
+    comm.bcast(np.zeros(1 << 20, np.float32), root=comm.rank)
+
+
 def _mm_root_reduce(comm, odd):
     comm.reduce(np.zeros(10, np.float32), root=1 if odd else 0)
 
@@ -151,6 +159,9 @@ def mismatch_rank(comm, names):
         t = time.monotonic()
         try:
             MISMATCHES[name](c, odd)
+            # a bcast's root, a small gather's sender: it gave and returned, and learns of the
+            # disagreement when its next call compares (as when an MPI eager send returns)
+            c.barrier()
             out[name] = ("no error", "", 0.0, [], "n/a")
             c.close()
             continue
@@ -174,7 +185,8 @@ def expect_of(name, c, odd):
     return {"count": ["count=10", "count=11"], "count_large": ["count=300001", "count=300002"],
             "count_zero": ["count=0", "count=1"], "dtype": ["dtype=float32", "dtype=int32"],
             "op": ["op=sum", "op=max"], "op_reduce_scatter": ["op=prod", "op=min"],
-            "root_bcast": ["root=0", "root=1"], "root_reduce": ["root=0", "root=1"],
+            "root_bcast": ["root=0", "root=1"], "root_self_bcast": ["bcast(count=10", "root="],
+            "root_self_bcast_large": ["bcast(count=1048576", "root="], "root_reduce": ["root=0", "root=1"],
             "root_scatter": ["root=0", "root=1"], "count_gather": ["count=4", "count=5"],
             "count_bcast": ["count=8", "count=9"], "kind": ["allreduce(", "bcast("],
             "kind_barrier": ["allreduce(", "barrier("], "kind_allgather": ["allgather(", "alltoall("],
@@ -343,6 +355,27 @@ def test_abort_reaches_every_rank(run_ranks, P):
         if r != 1:
             assert kind == "Error" and "rank 1 aborted" in msg, (r, kind, msg)
             assert t - t_abort < DETECT_S, f"rank {r} learnt after {t - t_abort:.1f} s"
+
+
+def closing_after_giving(comm, _):
+    import hbmcoll
+
+    comm.close()
+    c = hbmcoll.init(timeout=30)
+    c.bcast(np.zeros(4, np.float32), root=c.rank)   # each gives, nobody receives
+    try:
+        c.close()
+    except hbmcoll.MismatchError as e:
+        return "MismatchError", str(e), c.closed
+    return "no error", "", c.closed
+
+
+def test_close_reports_a_last_disagreeing_bcast(run_ranks):
+    """A bcast's root returns before the receivers compare (as an MPI eager send does); when
+    it was the last call, close() compares, raises the disagreement, and still closes."""
+    for kind, msg, closed in run_ranks(2, closing_after_giving, None, timeout=120, env=ENV30):
+        assert kind == "MismatchError" and "root=0" in msg and "root=1" in msg, (kind, msg)
+        assert closed
 
 
 def test_close_while_peers_wait(run_ranks):
