@@ -96,19 +96,26 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   uint64_t roff = spec && zoff ? coll__arena_offset(c, recv, nbytes) : 0;
   int to_rsag = roff != 0; /* so will every rank be rsag */
   if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
+  /* a small reduce's non-root stages even an arena input: then it can give and go (below) */
+  if (zoff && !want && nbytes <= coll__small_max(c)) zoff = 0;
   const void *in[P];
 
+  /* a reduce's non-root with a staged input only gives: it returns once its input is staged
+   * and compares at its next call (round.h), or before it waits on the root's progress */
+  int gives = !want && !zoff;
   uint64_t t0 = coll__round_begin(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
+  if (gives) coll__round_unchecked(c, t0);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
+    if (gives && k == 2 && (rc = coll__settle(c)) != 0) return rc;
     if (!zoff && !to_rsag) { /* to_rsag: k = 0 is the last round */
       if ((rc = coll__post(c, t, send + off * es, n * es, reader)) != 0) return rc;
     } else {
       coll__publish(c, t);
     }
     if (!want) { /* compare with the root at t0: it may not think it is the root */
-      if (k == 0 && (rc = coll__meet(c, a->root, t0)) != 0) return rc;
+      if (k == 0 && !gives && (rc = coll__meet(c, a->root, t0)) != 0) return rc;
       continue;
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
@@ -136,7 +143,8 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   }
   uint64_t last = t0 + K - 1;
   coll__round_end(c, last);
-  if (!want) { /* learn the root's verdict; it may still read my input */
+  if (gives) return 0;
+  if (!want) { /* learn the root's verdict; it may still read my arena input */
     if ((rc = coll__wait_finished(c, a->root, last)) != 0) return rc;
     return coll__validate(c, a->root);
   }

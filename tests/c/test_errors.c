@@ -348,11 +348,10 @@ static int rank_mismatch(int rank, int size, const char *key, void *arg) {
   if (!a.recv) a.recv = recv;
   if (algo) coll_set_algorithm(c, a.kind, algo);
   int rc = coll_run(c, &a);
-  /* a rank that only gives (a bcast's root, a small gather's sender) returns at once and
-   * learns of the disagreement when it settles (its next call, or coll_comm_settle) */
-  int gives = (a.kind == COLL_BCAST && a.root == rank) ||
-              (a.kind == COLL_GATHER && a.root != rank && a.count * coll_dtype_size(a.dtype) <= 16384);
-  if (rc == 0 && gives) rc = coll_comm_settle(c);
+  /* a rank that only gives (a bcast's root, a small gather's or reduce's sender) returns at
+   * once and learns of the disagreement when it settles (its next call, or
+   * coll_comm_settle, which returns 0 at once after a call that needs no check) */
+  if (rc == 0) rc = coll_comm_settle(c);
   EXPECT(rc == COLL_EMISMATCH, "rank %d: %s: got %s, want EMISMATCH", rank, mc->name, coll_err_name(rc));
   const char *text = "";
   coll_comm_error(c, &text);
