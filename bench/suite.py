@@ -45,7 +45,8 @@ import report  # noqa: E402
 ALL_COLLS = ["allreduce", "bcast", "gather", "reduce", "allgather", "reduce_scatter",
              "alltoall", "barrier"]
 KiB, MiB = 1 << 10, 1 << 20
-QUICK = {"sizes": [8, 64 * KiB, MiB, 16 * MiB], "collectives": ["allreduce", "bcast", "gather"],
+QUICK = {"sizes": [8, 64 * KiB, MiB, 16 * MiB],
+         "collectives": ["allreduce", "bcast", "gather", "reduce", "barrier"],
          "rounds": 7, "buffers": ["numpy", "empty"], "memory": ["hbm_preferred"],
          "bind": ["core"], "oversub_iters": 1000, "oversub_timeout": 240, "timeout": 300}
 FULL = {"sizes": [4 << i for i in range(25)], "collectives": ALL_COLLS, "rounds": 1,
