@@ -439,7 +439,7 @@ static PyObject *comm_allow_any_thread(hb_comm_t *self, PyObject *unused) {
 }
 static PyObject *comm_get_single_copy(hb_comm_t *self, void *c) {
   (void)c;
-  return PyBool_FromLong(self->comm && coll_comm_single_copy(self->comm));
+  return PyLong_FromLong(self->comm ? coll_comm_single_copy(self->comm) : 0);
 }
 static PyObject *comm_get_algorithm(hb_comm_t *self, void *c) {
   (void)c;
@@ -476,7 +476,8 @@ static PyGetSetDef comm_getset[] = {
     {"size", (getter)comm_get_size, NULL, NULL, NULL},
     {"closed", (getter)comm_get_closed, NULL, NULL, NULL},
     {"single_copy", (getter)comm_get_single_copy, NULL,
-     "large bcast/gather copy straight between the ranks' own buffers", NULL},
+     "bit (1 << kind) per collective (BCAST, GATHER) whose large messages copy straight "
+     "between the ranks' own buffers; 0 none", NULL},
     {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
     {"algorithm", (getter)comm_get_algorithm, NULL, "what the last collective ran as ('' before one)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

@@ -184,8 +184,9 @@ void coll_comm_set_interrupt(coll_comm_t *comm, coll_interrupt_fn fn, void *arg)
  * sentence that says what happened ("rank 3 (pid 123) died", ...), owned by
  * the communicator; COLL_EBADARG for a NULL comm. */
 int coll_comm_error(const coll_comm_t *comm, const char **text_p);
-/* 1 if large bcast and gather copy straight between the ranks' own buffers
- * (process_vm_readv/writev works between every pair of ranks), else 0. */
+/* Bit (1 << kind) for each of COLL_BCAST and COLL_GATHER whose large messages
+ * copy straight between the ranks' own buffers (HBMCOLL_CMA asks for it, and
+ * process_vm_readv/writev works between every pair of ranks); 0 for none. */
 int coll_comm_single_copy(const coll_comm_t *comm);
 /* The algorithm the last collective on comm ran as ("flat", "rsag", "push", "tree",
  * "eager", "pipelined", "arena", "single-copy", "exchange", ...), for logs and timelines; a

@@ -113,7 +113,7 @@ int coll__bcast(coll_comm_t *c, const coll_args_t *a) {
   if (c->rank == a->root) {
     if (!small && coll__forced_algo(c, COLL_BCAST) != coll__algo_id(COLL_BCAST, "flat")) {
       uint64_t zoff = coll__arena_offset(c, a->recv, nbytes);
-      int single = !zoff && coll__single_copy_from(c, nbytes);
+      int single = !zoff && coll__single_copy_from(c, COLL_BCAST, nbytes);
       if (zoff || single) return bcast_direct_root(c, a, zoff ? zoff : (uint64_t)(uintptr_t)a->recv, single);
     }
     return bcast_give(c, a, nbytes, algo);

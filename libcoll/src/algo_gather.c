@@ -93,7 +93,7 @@ int coll__gather(coll_comm_t *c, const coll_args_t *a) {
     c->algorithm = "tree";
     return coll__gather_tree(c, a);
   }
-  int single = !small && coll__single_copy_from(c, nbytes);
+  int single = !small && coll__single_copy_from(c, COLL_GATHER, nbytes);
   c->algorithm = small ? "eager" : single ? "single-copy" : "pipelined";
   if (small) return gather_eager(c, a, nbytes);
   if (single) return gather_single_copy(c, a, nbytes);

@@ -8,7 +8,8 @@
  * traffic of a large bcast and lets the senders of a gather write into the
  * root's output while the root copies its own part.
  *
- * Off unless HBMCOLL_CMA=1. On the VMs this was measured on it lost to staging
+ * Off unless HBMCOLL_CMA=1 (or =gather, =bcast: that one only; python -m
+ * hbmcoll.tune measures which pays on the host). On the VMs first measured it lost to staging
  * (bench/README.md, "Measurements behind the code"): the kernel pins and
  * maps every 4 KiB page of the peer, which costs more than the second copy
  * through cache-resident slots; only with the cores taken by other work
@@ -71,7 +72,7 @@ void coll__cma_agree(coll_comm_t *c) {
     if (c->ctl[q].cma_ok != 1) c->cma = 0;
 }
 
-int coll_comm_single_copy(const coll_comm_t *c) { return c ? c->cma : 0; }
+int coll_comm_single_copy(const coll_comm_t *c) { return c && c->cma ? (int)c->hdr->cma_kinds : 0; }
 
 const char *coll_comm_algorithm(const coll_comm_t *c) { return c && c->algorithm ? c->algorithm : ""; }
 

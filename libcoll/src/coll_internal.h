@@ -26,7 +26,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3035ull /* "hbcoll05": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3036ull /* "hbcoll06": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -71,6 +71,8 @@ typedef struct {
   uint64_t stream_min; /* creator's HBMCOLL_STREAM_MIN: the same on every rank */
   uint64_t small_max;  /* creator's HBMCOLL_SMALL_MAX, likewise: ranks that read different values
                         * (a tuning cache rewritten between their starts) still pick alike */
+  uint32_t cma_kinds;  /* creator's HBMCOLL_CMA: bit (1 << kind) per collective that may use
+                        * single copy (when it works between every pair: coll_comm_t.cma) */
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;
@@ -90,7 +92,7 @@ typedef struct {
   size_t stream_min;        /* allreduce: arena buffers pushed with streaming stores from here */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
-  int cma;                  /* single copy allowed (HBMCOLL_CMA, default 0) */
+  int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
 } coll__params_t;

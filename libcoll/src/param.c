@@ -19,8 +19,10 @@
  *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
  *                        default above COLL_TREE_FANOUT ranks with a CPU each, "flat"
  *                        turns it off)
- *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it
- *                        (cma.c; default 0: staging was faster on the machines we measured)
+ *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it,
+ *                        for large bcast and gather; "gather" or "bcast": for that one only
+ *                        (cma.c; default 0; python -m hbmcoll.tune measures which pays; the
+ *                        creating rank's value holds for all)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
@@ -180,7 +182,7 @@ static int param_word(const char *name, const char *const *words, int dflt, int 
 }
 
 int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
-  static const char *const cma_words[] = {"0", "1", NULL};
+  static const char *const cma_words[] = {"0", "1", "gather", "bcast", NULL};
   memset(p, 0, sizeof *p);
   int rc = param_seconds("HBMCOLL_TIMEOUT", 0, NULL, &p->timeout_s, err, errlen);
   if (rc == 0) rc = param_seconds("HBMCOLL_STALL_WARN", 60, "off", &p->stall_warn_s, err, errlen);

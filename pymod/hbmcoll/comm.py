@@ -128,11 +128,13 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
 
     @property
     def single_copy(self):
-        """True when large bcast and gather copy straight between the ranks' own buffers:
-        asked for with HBMCOLL_CMA=1 and process_vm_readv/writev works between every pair
-        (not across PID namespaces, nor where seccomp or Yama refuse it). Otherwise they
-        stage through the shared segment, which was faster where we measured (cma.c)."""
-        return self._c.single_copy
+        """The collectives ("bcast", "gather") whose large messages copy straight between the
+        ranks' own buffers, empty when none: asked for with HBMCOLL_CMA (1, gather, bcast;
+        python -m hbmcoll.tune measures which pays on the host), and process_vm_readv/writev
+        works between every pair (not across PID namespaces, nor where seccomp or Yama refuse
+        it). Otherwise they stage through the shared segment."""
+        kinds = self._c.single_copy
+        return tuple(name for name, k in (("bcast", _BCAST), ("gather", _GATHER)) if kinds >> k & 1)
 
     def __repr__(self):
         return f"<hbmcoll.Communicator rank {self.rank} of {self.size}>"
@@ -359,7 +361,8 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return self._c.closed
 
     def _transports(self):
-        return ("shared memory" + (" (single copy for large bcast and gather)" if self.single_copy else "") +
+        return ("shared memory" + (f" (single copy for large {' and '.join(self.single_copy)})"
+                                   if self.single_copy else "") +
                 "; send/recv over Unix sockets")
 
     # Horovod's cross rank and size: which node among those with this local rank, and how many

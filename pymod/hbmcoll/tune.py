@@ -12,8 +12,9 @@ time over the best candidate's, size by size, is kept unless the default is with
 (noise). Measured now:
 
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
-- HBMCOLL_CMA: single copy between private buffers for large bcast and gather, where the
-  kernel allows it (a container may not).
+- HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
+  where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
+  loses for bcast, whose staged root returns while the receivers copy.
 
 The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
 core count, kernel and hbmcoll version; init() applies it to every variable the environment does
@@ -30,7 +31,8 @@ import subprocess
 import sys
 import time
 
-CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"], "HBMCOLL_CMA": ["0", "1"]}
+CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
+              "HBMCOLL_CMA": ["0", "gather", "bcast", "1"]}
 DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
          "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20))}
@@ -82,19 +84,23 @@ def apply():
     return _applied
 
 
+ROTATE = 8   # buffers taken in turn, as the suite does: a message is rarely in cache twice running
+
+
 def _time(comm, coll, nbytes, rounds):
     import numpy as np
-    x = np.ones(max(nbytes // 4, 1), np.float32)
-    out = np.empty((comm.size,) + x.shape, np.float32)
-    call = {"bcast": lambda: comm.bcast(x, root=0), "gather": lambda: comm.gather(x, root=0, out=out),
-            "allreduce": lambda: comm.allreduce(x, out=np.empty_like(x))}[coll]
+    xs = [np.ones(max(nbytes // 4, 1), np.float32) for _ in range(ROTATE)]
+    outs = [np.empty((comm.size,) + xs[0].shape, np.float32) for _ in range(ROTATE)]
+    call = {"bcast": lambda k: comm.bcast(xs[k], root=0),
+            "gather": lambda k: comm.gather(xs[k], root=0, out=outs[k]),
+            "allreduce": lambda k: comm.allreduce(xs[k], out=outs[k][0])}[coll]
     n = max(5, min(500, (4 << 20) // max(nbytes, 1) * 4))
     best = math.inf
     for _ in range(rounds + 1):  # the first warms up
         comm.barrier()
         t = time.perf_counter()
-        for _ in range(n):
-            call()
+        for i in range(n):
+            call(i % ROTATE)
         took = np.array([(time.perf_counter() - t) / n])
         comm.allreduce(took, "max")
         best = min(best, float(took[0]))
@@ -111,7 +117,7 @@ def _worker(rounds):
             comm = hbmcoll.init()
             got[f"{var}={value}"] = {f"{c} {z}": _time(comm, c, z, rounds) for c in colls for z in sizes}
             if var == "HBMCOLL_CMA":
-                got[f"{var}={value}"]["works"] = comm.single_copy
+                got[f"{var}={value}"]["works"] = bool(comm.single_copy)
             comm.close()
         os.environ.pop(var)
     if comm.rank == 0:

@@ -42,7 +42,7 @@
 /* ---- the matrix --------------------------------------------------------------- */
 
 
-/* arg: NULL, or the single-copy verdict the communicator must reach */
+/* arg: NULL, or the single-copy verdict the communicator must reach (its kinds) */
 static int rank_matrix(int rank, int size, const char *key, void *arg) {
   coll_comm_t *c;
   if (comm_open(rank, size, key, 0, &c)) return 1;
@@ -219,13 +219,16 @@ int main(int argc, char **argv) {
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
   const char *const trees[] = {"HBMCOLL_ALGO=barrier=tree,bcast=tree,gather=tree,reduce=tree,allreduce=tree", NULL};
-  static const int yes = 1, no = 0;
+  const char *const gather_single_copy[] = {"HBMCOLL_CMA=gather", NULL};
+  static const int yes = (1 << COLL_BCAST) | (1 << COLL_GATHER), no = 0, gather = 1 << COLL_GATHER;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
     if (CASE("matrix slot=4096")) spawn("matrix slot=4096", P, 600, small_slots, rank_matrix, NULL);
     if (CASE("matrix staged only")) spawn("matrix staged only", P, 600, NULL, rank_matrix, (void *)&no);
     if ((P == 2 || P == 5) && CASE("matrix single copy (HBMCOLL_CMA=1)"))
       spawn("matrix single copy (HBMCOLL_CMA=1)", P, 600, single_copy, rank_matrix, (void *)&yes);
+    if ((P == 2 || P == 3) && CASE("matrix single copy, gather only"))
+      spawn("matrix single copy, gather only", P, 600, gather_single_copy, rank_matrix, (void *)&gather);
     if ((P == 2 || P == 3 || P == 8) && CASE("matrix single copy from 1 B, slot=4096"))
       spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
     if ((P == 2 || P == 3) && CASE("matrix streaming stores from 0 B"))
