@@ -68,7 +68,9 @@ static int bcast_take(coll_comm_t *c, const coll_args_t *a, size_t nbytes, uint6
     if (k && (rc = coll__wait(c, root, t)) != 0) return rc;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
     if (len) coll__copy(c, buf + off, coll__peer_slot(c, root, t), len, stream);
-    coll__finish(c, t);
+    /* the root refills this slot two rounds on; for the last chunk my next arrival says I
+     * am done (round.h), one publication fewer on the line the root polls */
+    if (k + 1 < K) coll__finish(c, t);
   }
   if (stream) coll__stream_fence();
   return 0;

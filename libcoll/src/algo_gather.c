@@ -54,7 +54,7 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
     memmove(recv + (size_t)me * nbytes, a->send, nbytes);
   for (int q = 0; q < c->size && nbytes; q++)
     if (q != me) memcpy(recv + (size_t)q * nbytes, coll__peer_slot(c, q, t0), nbytes);
-  coll__finish(c, t0);
+  /* no `done`: my next arrival says it (round.h), before any sender may refill its slot */
   return 0;
 }
 
