@@ -8,6 +8,7 @@ fixtures. Ranks import hbmcoll from pymod/ of this checkout: build it in place f
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,24 @@ def emulated_nodes():
         pytest.skip(why)
     with contextlib.ExitStack() as stack:
         yield lambda n: stack.enter_context(netnodes.NetNodes(n))
+
+
+@pytest.fixture
+def nothing_left_behind():
+    """After the test: no file with 'hbmcoll' in its name under /dev/shm or /tmp, no child
+    process, no process of the job (test_failures.py, test_mismatch.py use it)."""
+    files_before = ranks.hbmcoll_files()
+    keys_before = len(ranks.Job.keys)
+    yield
+    keys = ranks.Job.keys[keys_before:]
+    deadline = time.monotonic() + 10
+    while True:  # processes may take a moment to be reaped
+        kids = ranks.child_pids()
+        stray = [pid for k in keys for pid in ranks.processes_with_env(k)]
+        new_files = ranks.hbmcoll_files() - files_before
+        if not (kids or stray or new_files) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not new_files, f"files left behind: {sorted(new_files)}"
+    assert not kids, f"child processes left behind: {kids}"
+    assert not stray, f"processes of the job still running: {stray}"
