@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <unistd.h>
 
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
@@ -116,7 +117,17 @@ static void comm_dealloc(hb_comm_t *self) {
   if (self->comm) {
     coll_comm_t *c = self->comm;
     self->comm = NULL;
+    int rc = 0;
     Py_BEGIN_ALLOW_THREADS
+    /* never closed (a script that ends after its last call): its last give is checked here,
+     * and a disagreement said in one line, as nothing can be raised any more */
+    if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0) rc = coll_comm_settle(c);
+    if (rc != 0) {
+      const char *text = NULL;
+      coll_comm_error(c, &text);
+      fprintf(stderr, "hbmcoll: rank %d: %s (found as the communicator was freed without close(); "
+              "close() raises it)\n", coll_comm_rank(c), text && *text ? text : coll_strerror(rc));
+    }
     coll_comm_free(c);
     Py_END_ALLOW_THREADS
   }
@@ -379,8 +390,7 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
    * with it: compare now, so a disagreement is raised here rather than never */
   int rc = 0;
   char text[320] = "";
-  if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0 &&
-      (self->any_thread || PyThread_get_thread_ident() == self->owner_thread)) {
+  if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0) { /* from any thread: no new call */
     Py_BEGIN_ALLOW_THREADS
     rc = coll_comm_settle(c);
     Py_END_ALLOW_THREADS

@@ -154,7 +154,9 @@ int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p)
  * their descriptors with its own. 0, or what coll_run would return (COLL_EMISMATCH
  * naming both calls, COLL_EPEERLOST, ...), the communicator failed as coll_run
  * fails it. Call it before coll_comm_free to learn of a disagreement in the last
- * call; 0 at once when the last call needs no check or requests are still queued. */
+ * call: it first lets the request thread finish the request it runs, and requests
+ * still queued fail with COLL_EABORTED, as at coll_comm_free. 0 at once when the
+ * last call needs no check. */
 int coll_comm_settle(coll_comm_t *comm);
 
 /* Local: say this rank has left (peers waiting for it get COLL_EPEERLOST,

@@ -218,16 +218,11 @@ int coll_run(coll_comm_t *c, const coll_args_t *a) {
 int coll_comm_settle(coll_comm_t *c) {
   if (c == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
+  /* the request thread's last call may be a give too: let it finish that (queued requests
+   * fail with COLL_EABORTED, as at coll_comm_free), then its rounds are mine to check */
+  coll__worker_stop(c);
   if (c->unchecked_seq == 0) return 0;
   if (c->error) return c->error;
-  coll__worker_t *w = c->worker;
-  int queued = 0;
-  if (w) {
-    pthread_mutex_lock(&w->lock);
-    queued = w->pending;
-    pthread_mutex_unlock(&w->lock);
-  }
-  if (queued) return 0; /* the worker owns the rounds; its requests report for themselves */
   int rc = coll__aborted(c);
   if (rc == 0) {
     c->allow_interrupt = 1;

@@ -4,6 +4,7 @@ reduce's sender) gets it at its next call, or from close() when that call was it
 Nothing is left behind (conftest.py: nothing_left_behind).
 """
 
+import os
 import re
 import time
 
@@ -213,3 +214,58 @@ def test_close_reports_a_last_disagreeing_bcast(run_ranks):
     for kind, msg, closed in run_ranks(2, closing_after_giving, None, timeout=120, env=ENV30):
         assert kind == "MismatchError" and "root=0" in msg and "root=1" in msg, (kind, msg)
         assert closed
+
+
+def closing_elsewhere(comm, how):
+    """Every rank names itself root of its last bcast, then closes from another thread, or
+    while that bcast, nonblocking, may still be running on the request thread."""
+    import threading
+
+    import hbmcoll
+
+    comm.close()
+    c = hbmcoll.init(timeout=30)
+    got = []
+
+    def close():
+        try:
+            c.close()
+            got.append("no error")
+        except hbmcoll.MismatchError:
+            got.append("MismatchError")
+    if how == "thread":
+        c.bcast(np.zeros(4, np.float32), root=c.rank)
+        t = threading.Thread(target=close)
+        t.start()
+        t.join()
+        return got[0]
+    req = c.ibcast(np.ones(300_000, np.float32), root=c.rank)   # two chunks through the slots
+    close()
+    try:
+        req.wait(timeout=30)
+    except hbmcoll.Error as e:   # still queued at close: aborted, never given
+        got.append(type(e).__name__)
+    return got
+
+
+def test_close_from_another_thread_or_during_a_request_still_reports(run_ranks):
+    for got in run_ranks(2, closing_elsewhere, "thread", timeout=120, env=ENV30):
+        assert got == "MismatchError", got
+    for got in run_ranks(2, closing_elsewhere, "request", timeout=120, env=ENV30):
+        assert got[0] == "MismatchError" or got[1:], got   # raised by close, or by the request
+
+
+def test_a_last_disagreeing_bcast_without_close_is_said_at_exit(tmp_path):
+    """A script that ends after its last call without close(): the communicator compares as
+    it is freed and says the disagreement in one line on stderr."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text("import numpy as np, hbmcoll\ncomm = hbmcoll.init(timeout=30)\n"
+                      "comm.bcast(np.zeros(10, np.float32), root=comm.rank)\n")
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "2", sys.executable, str(script)],
+                       env=dict(os.environ, **ENV30, HBMCOLL_TUNE="off"), capture_output=True,
+                       text=True, timeout=120)
+    said = [ln for ln in p.stderr.splitlines() if "freed without close()" in ln]
+    assert len(said) == 2 and all("ranks disagree in collective #1" in ln for ln in said), p.stderr
