@@ -72,7 +72,9 @@ typedef struct {
   uint64_t small_max;  /* creator's HBMCOLL_SMALL_MAX, likewise: ranks that read different values
                         * (a tuning cache rewritten between their starts) still pick alike */
   uint32_t cma_kinds;  /* creator's HBMCOLL_CMA: bit (1 << kind) per collective that may use
-                        * single copy (when it works between every pair: coll_comm_t.cma) */
+                        * single copy (when every rank allows it and it works between every
+                        * pair: coll_comm_t.cma) */
+  uint64_t cma_min;    /* creator's HBMCOLL_CMA_MIN: a gather's ranks all choose alike */
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;

@@ -22,8 +22,9 @@
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it,
  *                        for large bcast and gather; "gather" or "bcast": for that one only
  *                        (cma.c; default 0; python -m hbmcoll.tune measures which pays; the
+ *                        creating rank's collectives hold for all, if every rank allows it)
+ *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB; the
  *                        creating rank's value holds for all)
- *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)

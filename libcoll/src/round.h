@@ -128,7 +128,7 @@ static inline size_t coll__small_max(const coll_comm_t *c) { return c->hdr->smal
 static inline int coll__forced_algo(const coll_comm_t *c, coll_kind_t kind) { return c->params.algo[kind]; }
 /* Single copy between private buffers works here and pays from this many bytes (cma.c). */
 static inline int coll__single_copy_from(const coll_comm_t *c, coll_kind_t kind, size_t nbytes) {
-  return c->cma && (c->hdr->cma_kinds >> kind & 1) && nbytes >= c->params.cma_min;
+  return c->cma && (c->hdr->cma_kinds >> kind & 1) && nbytes >= c->hdr->cma_min;
 }
 /* 1 when every rank has a CPU of its own (rank 0's view at creation, the same on all). */
 static inline int coll__roomy(const coll_comm_t *c) { return c->hdr->roomy != 0; }

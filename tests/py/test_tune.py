@@ -88,3 +88,21 @@ def test_ranks_with_different_thresholds_still_choose_alike(tmp_path):
     assert p.returncode == 0, p.stderr
     algorithms = sorted(line.split()[5] for line in p.stdout.splitlines() if line.startswith("rank"))
     assert algorithms == ["pipelined", "pipelined"], p.stdout  # rank 0 made it, with 16K
+
+
+def test_ranks_with_different_single_copy_sizes_still_choose_alike(tmp_path):
+    """The creating rank's HBMCOLL_CMA_MIN holds for all too: a gather's ranks each choose
+    single copy or staging, and a split choice would be a MismatchError."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, numpy as np, hbmcoll\n"
+        "os.environ['HBMCOLL_CMA_MIN'] = '1G' if os.environ['HBMCOLL_RANK'] == '1' else '256K'\n"
+        "c = hbmcoll.init()\n"
+        "x = np.full(1 << 18, c.rank, np.float32)  # 1 MiB\n"
+        "g = c.gather(x, root=0)\n"
+        "assert c.rank or all((g[q] == q).all() for q in range(c.size))\n"
+        "os.write(1, f'rank {c.rank} gather {c._c.algorithm}\\n'.encode())\n")
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", "2", sys.executable, str(script)],
+                       env=dict(ENV, HBMCOLL_CMA="gather"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.split()[3::4]) == ["single-copy", "single-copy"], p.stdout
