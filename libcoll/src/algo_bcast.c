@@ -98,7 +98,7 @@ static int bcast_direct_take(coll_comm_t *c, const coll_args_t *a, size_t nbytes
   c->algorithm = d->single_copy ? "single-copy" : "arena";
   coll__round_end(c, t0 + 1);
   if ((rc = coll__wait(c, root, t0 + 1)) != 0) return rc;
-  if (!coll__peer_desc(c, root)->single_copy) coll__copy(c, a->recv, coll__shared(c, root_off), nbytes, stream);
+  if (!d->single_copy) coll__copy(c, a->recv, coll__shared(c, root_off), nbytes, stream);
   else if ((rc = coll__peer_copy(c, root, a->recv, root_off, nbytes, 0)) != 0) return rc;
   if (stream) coll__stream_fence();
   coll__finish(c, t0 + 1);
