@@ -111,23 +111,32 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   return (PyObject *)self;
 }
 
+/* A last give (a bcast's root, a small gather's sender) returned before the peers compared
+ * their calls with it: compare now (coll_comm_settle), from any thread, as no new call
+ * starts. 0, or the failure with its text copied into text (the communicator may go next). */
+static int hb_settle(coll_comm_t *c, char *text, size_t len) {
+  text[0] = '\0';
+  if (coll_comm_forked(c) || coll_comm_error(c, NULL) != 0) return 0;
+  int rc = coll_comm_settle(c);
+  const char *t = NULL;
+  if (rc && coll_comm_error(c, &t) == rc && t) snprintf(text, len, "%s", t);
+  return rc;
+}
+
 static void comm_dealloc(hb_comm_t *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   if (self->comm) {
     coll_comm_t *c = self->comm;
     self->comm = NULL;
-    int rc = 0;
+    char text[320];
     Py_BEGIN_ALLOW_THREADS
-    /* never closed (a script that ends after its last call): its last give is checked here,
-     * and a disagreement said in one line, as nothing can be raised any more */
-    if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0) rc = coll_comm_settle(c);
-    if (rc != 0) {
-      const char *text = NULL;
-      coll_comm_error(c, &text);
+    /* never closed (a script that ends after its last call): a disagreement is said in one
+     * line, as nothing can be raised any more */
+    int rc = hb_settle(c, text, sizeof text);
+    if (rc != 0)
       fprintf(stderr, "hbmcoll: rank %d: %s (found as the communicator was freed without close(); "
-              "close() raises it)\n", coll_comm_rank(c), text && *text ? text : coll_strerror(rc));
-    }
+              "close() raises it)\n", coll_comm_rank(c), text[0] ? text : coll_strerror(rc));
     coll_comm_free(c);
     Py_END_ALLOW_THREADS
   }
@@ -386,19 +395,11 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   if (self->comm == NULL) Py_RETURN_NONE;
   if (hb_comm_lock(self) != 0) return NULL;
   coll_comm_t *c = self->comm;
-  /* a last bcast as root (gather as sender) returned before the peers compared their calls
-   * with it: compare now, so a disagreement is raised here rather than never */
-  int rc = 0;
-  char text[320] = "";
-  if (!coll_comm_forked(c) && coll_comm_error(c, NULL) == 0) { /* from any thread: no new call */
-    Py_BEGIN_ALLOW_THREADS
-    rc = coll_comm_settle(c);
-    Py_END_ALLOW_THREADS
-  }
-  if (rc) {
-    const char *t = NULL;
-    if (coll_comm_error(c, &t) == rc && t) snprintf(text, sizeof text, "%s", t);
-  }
+  int rc;
+  char text[320];
+  Py_BEGIN_ALLOW_THREADS
+  rc = hb_settle(c, text, sizeof text); /* raised here rather than never */
+  Py_END_ALLOW_THREADS
   self->comm = NULL;
   if (self->arena_live > 0) { /* hbmcoll.empty arrays still live: keep the mapping */
     coll_comm_leave(c);
