@@ -101,14 +101,14 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   const void *in[P];
 
   /* a reduce's non-root with a staged input only gives: it returns once its input is staged
-   * and compares at its next call (round.h), or before it waits on the root's progress */
+   * and compares at its next call (round.h), or before it waits on the root's progress
+   * (coll__stage) */
   int gives = !want && !zoff;
   uint64_t t0 = coll__round_begin(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
   if (gives) coll__round_unchecked(c, t0);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
-    if (gives && k == 2 && (rc = coll__settle(c)) != 0) return rc;
     if (!zoff && !to_rsag) { /* to_rsag: k = 0 is the last round */
       if ((rc = coll__post(c, t, send + off * es, n * es, reader)) != 0) return rc;
     } else {

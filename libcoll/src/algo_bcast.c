@@ -47,10 +47,7 @@ static int bcast_give(coll_comm_t *c, const coll_args_t *a, size_t nbytes, int a
   coll__round_unchecked(c, t0);
   coll__round_end(c, t0 + K - 1);
   for (uint64_t k = 1; k < K; k++) {
-    size_t off = k * chunk;
-    /* chunk 2 waits for the receivers to finish chunk 0: compare first, or two ranks that
-     * each think they are the root would wait for each other */
-    if (k == 2 && (rc = coll__settle(c)) != 0) return rc;
+    size_t off = k * chunk; /* chunk 2 on compares first (coll__stage) */
     if ((rc = coll__post(c, t0 + k, buf + off, coll__min(chunk, nbytes - off), -1)) != 0) return rc;
   }
   return 0;

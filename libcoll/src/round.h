@@ -63,13 +63,17 @@ int coll__wait_all(coll_comm_t *c, uint64_t t);
 int coll__wait_all_finished(coll_comm_t *c, uint64_t t);
 /* Until my children in the tree rooted at `root` said done for round t. */
 int coll__wait_children_finished(coll_comm_t *c, int root, uint64_t t);
-/* My slot for data published at round t, once its readers finished with what it held. */
+/* My slot for data published at round t, once its readers finished with what it held. A
+ * giver whose call is unchecked compares first when they are reading that call (a multi-chunk
+ * bcast's root refilling chunk 0's slot): two ranks that each think they give would
+ * otherwise wait for each other. */
 static inline int coll__stage(coll_comm_t *c, uint64_t t, uint8_t **slot_p) {
-  int parity = (int)(t & 1), reader = c->slot_reader[parity];
+  int parity = (int)(t & 1), reader = c->slot_reader[parity], rc;
   uint64_t need = c->slot_last_read[parity];
-  int rc = reader >= 0    ? c->tp->wait_done(c, reader, need)
-           : reader == -1 ? coll__wait_all_finished(c, need)
-                          : coll__wait_children_finished(c, -2 - reader, need);
+  if (c->unchecked_seq && need >= c->unchecked_round && (rc = coll__settle(c)) != 0) return rc;
+  rc = reader >= 0    ? c->tp->wait_done(c, reader, need)
+       : reader == -1 ? coll__wait_all_finished(c, need)
+                      : coll__wait_children_finished(c, -2 - reader, need);
   if (rc) return rc;
   *slot_p = c->tp->slot(c, c->rank, parity);
   return 0;
