@@ -31,11 +31,13 @@
  * reduces slice r of the whole message, block by block into an L1 scratch,
  * and writes each block into every rank's output with streaming stores: one
  * read of each input and one write of each output, no read for ownership, no
- * second copy. From the same size rsag's copy-out streams too. Below
- * it, with data that may still be cached, ordinary stores and rsag's reads
- * from a peer's cache are faster.
+ * second copy. From the same size rsag's copy-out, and flat's reduce, write an
+ * output apart from its input with streaming stores too (each rank for
+ * itself). Below it, with data that may still be cached, ordinary stores and
+ * rsag's reads from a peer's cache are faster; and in place they always are:
+ * staging the input has just brought the output's lines into the cache.
  *
- * Two ranks, private buffers: flat up to HBMCOLL_STREAM_MIN. With P = 2 it
+ * Two ranks, private buffers: flat at every size. With P = 2 it
  * moves the same bytes as rsag (each rank writes N for its peer and reads the
  * N its peer wrote) in half the dependent cross-core steps per chunk. But
  * rsag reads and writes arena buffers in place (hbmcoll.empty, also in
@@ -72,6 +74,28 @@ static int ar_overlap(const void *a, const void *b, size_t n) {
   return x < y + n && y < x + n;
 }
 
+enum { AR_BLOCK = 4096 }; /* bytes of scratch: stays in L1 between reduce and copies */
+
+/* Write my output with streaming stores? From HBMCOLL_STREAM_MIN, unless it is my input too. */
+static int ar_stream_out(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
+  int want = a->kind == COLL_ALLREDUCE || c->rank == a->root;
+  return want && nbytes >= coll__stream_min(c) && !ar_overlap(a->send, a->recv, nbytes);
+}
+
+/* coll_reduce_local into out with streaming stores, block by block through an L1 scratch (the
+ * caller fences). */
+static void ar_reduce_stream(const coll_args_t *a, uint8_t *out, const void **in, int P, size_t n) {
+  size_t es = coll_dtype_size(a->dtype), BE = AR_BLOCK / es;
+  _Alignas(64) uint8_t scratch[AR_BLOCK];
+  const void *blk[P];
+  for (size_t i = 0; i < n; i += BE) {
+    size_t m = coll__min(BE, n - i);
+    for (int q = 0; q < P; q++) blk[q] = (const uint8_t *)in[q] + i * es;
+    coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, m, (size_t)P);
+    coll__copy_stream(out + i * es, scratch, m * es);
+  }
+}
+
 /* The first round of a 2-rank allreduce in flat said some rank has both buffers in the arena
  * (recv_off, published only then): rsag, which then reads and writes them in place. */
 static int ar_any_arena(coll_comm_t *c) {
@@ -95,6 +119,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
    * arena input alone flat reads in place too, and an arena output alone gains nothing */
   uint64_t roff = spec && zoff ? coll__arena_offset(c, recv, nbytes) : 0;
   int to_rsag = roff != 0; /* so will every rank be rsag */
+  int stream = ar_stream_out(c, a, nbytes);
   if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
   /* a small reduce's non-root stages even an arena input: then it can give and go (below) */
   if (zoff && !want && nbytes <= coll__small_max(c)) zoff = 0;
@@ -134,7 +159,8 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
     /* my own part from my input, not from the slot my peers are reading (no line shared
      * with their reads); send and recv are the same or apart (aliasing.c) */
     if (!zoff) in[me] = send + off * es;
-    if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
+    if (n && stream) ar_reduce_stream(a, recv + off * es, in, P, n);
+    else if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
     /* In allreduce my next arrival says "done" for me (every rank waits for
      * every arrival); an explicit `done` is for the root's readers in reduce
      * and for ranks whose arena input I read (they wait for it). Skipping it
@@ -143,6 +169,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   }
   uint64_t last = t0 + K - 1;
   coll__round_end(c, last);
+  if (stream) coll__stream_fence();
   if (gives) return 0;
   if (!want) { /* learn the root's verdict; it may still read my arena input */
     if ((rc = coll__wait_finished(c, a->root, last)) != 0) return rc;
@@ -154,8 +181,6 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   return zoff && all ? coll__wait_all_finished(c, last) : 0;
 }
 
-enum { AR_PUSH_BLOCK = 4096 }; /* bytes of scratch: stays in L1 between reduce and copies */
-
 static int ar_all_in_arena(coll_comm_t *c) {
   for (int q = 0; q < c->size; q++)
     if (!coll__peer_desc(c, q)->send_off || !coll__peer_desc(c, q)->recv_off) return 0;
@@ -163,10 +188,10 @@ static int ar_all_in_arena(coll_comm_t *c) {
 }
 
 static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
-  size_t es = coll_dtype_size(a->dtype), BE = AR_PUSH_BLOCK / es;
+  size_t es = coll_dtype_size(a->dtype), BE = AR_BLOCK / es;
   int me = c->rank, P = c->size;
   size_t lo = ar_slice(me, P, a->count), hi = ar_slice(me + 1, P, a->count);
-  _Alignas(64) uint8_t scratch[AR_PUSH_BLOCK];
+  _Alignas(64) uint8_t scratch[AR_BLOCK];
   const void *blk[P];
   for (size_t i = lo; i < hi; i += BE) {
     size_t n = coll__min(BE, hi - i);
@@ -198,7 +223,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     if (!soff || !roff) soff = roff = 0; /* send == recv or apart (aliasing.c) */
   }
   int zc = soff != 0;
-  int stream = nbytes >= coll__stream_min(c); /* the copy-out writes my output once */
+  int stream = ar_stream_out(c, a, nbytes); /* the copy-out writes my output once */
   const void *in[P];
 
   uint64_t t0 = coll__round_begin(c, a, AR_RSAG, soff, roff);
@@ -217,7 +242,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
-    if (k == 0 && zc && stream && ar_all_in_arena(c)) {
+    if (k == 0 && zc && nbytes >= coll__stream_min(c) && ar_all_in_arena(c)) {
       c->algorithm = "push";
       return ar_push(c, a, t0);
     }
@@ -259,8 +284,7 @@ int coll__allreduce(coll_comm_t *c, const coll_args_t *a) {
   if (algo && algo == coll__algo_id(a->kind, "tree")) algo = 0; /* too large for it: choose */
   if (a->count == 0 || (algo == 0 && nbytes <= coll__small_max(c))) {
     algo = AR_FLAT;
-  } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE &&
-             nbytes < coll__stream_min(c)) {
+  } else if (algo == 0 && c->size == 2 && a->kind == COLL_ALLREDUCE) {
     c->algorithm = "flat";
     return ar_flat(c, a, 1);
   } else if (algo == 0) {

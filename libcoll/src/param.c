@@ -9,11 +9,12 @@
  *   HBMCOLL_ARENA_BYTES  zero-copy arena per rank, virtual (default 1 GiB)
  *   HBMCOLL_SMALL_MAX    allreduce: copy-in "flat" up to here, "rsag" above (default 16 KiB;
  *                        the creating rank's value holds for all;
- *                        2 ranks with private buffers: flat up to HBMCOLL_STREAM_MIN)
- *   HBMCOLL_STREAM_MIN   allreduce with every buffer in the arena: from this size each rank
- *                        writes its reduced slice into every output with streaming stores
- *                        and gather/bcast write large outputs so (default: half the
- *                        largest CPU cache; the creating rank's value holds for all)
+ *                        2 ranks with private buffers: flat at every size)
+ *   HBMCOLL_STREAM_MIN   from this size, results are written with streaming stores: an
+ *                        allreduce's output apart from its input, bcast's and gather's
+ *                        outputs; with every buffer in the arena, allreduce pushes (default:
+ *                        half the largest CPU cache; python -m hbmcoll.tune measures it; the
+ *                        creating rank's value holds for all)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"; "tree" for
  *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
@@ -25,6 +26,7 @@
  *                        creating rank's collectives hold for all, if every rank allows it)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB; the
  *                        creating rank's value holds for all)
+ *   Every byte count above also takes "auto": its default.
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
@@ -95,12 +97,12 @@ static int param_seconds(const char *name, double dflt, const char *off_word, do
   return 0;
 }
 
-/* A byte count with an optional K/M/G suffix, at least min. */
+/* A byte count with an optional K/M/G suffix, at least min; "auto": the default. */
 static int param_size(const char *name, size_t dflt, size_t min, size_t *v_p, char *err,
                       size_t errlen) {
   const char *s = getenv(name);
   *v_p = dflt;
-  if (s == NULL || *s == '\0') return 0;
+  if (s == NULL || *s == '\0' || strcasecmp(s, "auto") == 0) return 0;
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
@@ -111,8 +113,8 @@ static int param_size(const char *name, size_t dflt, size_t min, size_t *v_p, ch
   if (end == s || *end != '\0' || s[0] == '-' || errno == ERANGE || v > (SIZE_MAX >> shift) ||
       (v << shift) < min) {
     char takes[96];
-    snprintf(takes, sizeof takes, "give a byte count such as 65536, 256K or 1M, at least %zu",
-             min);
+    snprintf(takes, sizeof takes,
+             "give a byte count such as 65536, 256K or 1M, at least %zu, or 'auto'", min);
     return param_bad(err, errlen, name, s, takes);
   }
   *v_p = (size_t)(v << shift);
@@ -193,9 +195,10 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
     rc = param_size("HBMCOLL_ARENA_BYTES", (size_t)1 << 30, 0, &p->arena_bytes, err, errlen);
   p->arena_bytes &= ~(size_t)4095;
   if (rc == 0) rc = param_size("HBMCOLL_SMALL_MAX", 16 << 10, 0, &p->small_max, err, errlen);
-  /* half the last-level cache: from there a message and its result cannot
-   * both stay cached, so streaming stores cost nothing even when the caller's
-   * data was warm (bench/README.md has the measurements) */
+  /* half the last-level cache: from there a message and its result cannot both stay
+   * cached, so streaming stores cost nothing even when the caller's data was warm; but on a
+   * VM that cache is shared with other tenants, and the tune measures a lower one
+   * (bench/README.md has the measurements) */
   if (rc == 0)
     rc = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0, &p->stream_min, err, errlen);
   p->spin_iters = -1;

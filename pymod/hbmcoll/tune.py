@@ -14,7 +14,11 @@ time over the best candidate's, size by size, is kept unless the default is with
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
   where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
-  loses for bcast, whose staged root returns while the receivers copy.
+  loses for bcast, whose staged root returns while the receivers copy;
+- HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
+- HBMCOLL_STREAM_MIN: from which size results are written with streaming stores (and two
+  ranks' allreduce of private buffers leaves flat for rsag). "auto", half the largest cache
+  the CPU reports, assumes that cache is ours; on a VM it is shared with other tenants.
 
 The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
 core count, kernel and hbmcoll version; init() applies it to every variable the environment does
@@ -32,10 +36,15 @@ import sys
 import time
 
 CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
-              "HBMCOLL_CMA": ["0", "gather", "bcast", "1"]}
-DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0"}
+              "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
+              "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
+              "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
+DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_SLOT_BYTES": "256K",
+            "HBMCOLL_STREAM_MIN": "auto"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
-         "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20))}
+         "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20)),
+         "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
+         "HBMCOLL_STREAM_MIN": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20, 16 << 20))}
 NOISE = 1.05
 _applied = None
 
@@ -85,12 +94,16 @@ def apply():
 
 
 ROTATE = 8   # buffers taken in turn, as the suite does: a message is rarely in cache twice running
+ROTATE_BYTES = 512 << 20  # at most this much of them per rank (a gather's root holds P messages each)
 
 
 def _time(comm, coll, nbytes, rounds):
     import numpy as np
-    xs = [np.ones(max(nbytes // 4, 1), np.float32) for _ in range(ROTATE)]
-    outs = [np.empty((comm.size,) + xs[0].shape, np.float32) for _ in range(ROTATE)]
+    count = max(nbytes // 4, 1)
+    rows = comm.size if coll == "gather" and comm.rank == 0 else 1 if coll == "allreduce" else 0
+    rotate = max(2, min(ROTATE, ROTATE_BYTES // (count * 4 * (1 + rows))))
+    xs = [np.ones(count, np.float32) for _ in range(rotate)]
+    outs = [np.empty((rows, count), np.float32) if rows else None for _ in range(rotate)]
     call = {"bcast": lambda k: comm.bcast(xs[k], root=0),
             "gather": lambda k: comm.gather(xs[k], root=0, out=outs[k]),
             "allreduce": lambda k: comm.allreduce(xs[k], out=outs[k][0])}[coll]
@@ -100,7 +113,7 @@ def _time(comm, coll, nbytes, rounds):
         comm.barrier()
         t = time.perf_counter()
         for i in range(n):
-            call(i % ROTATE)
+            call(i % rotate)
         took = np.array([(time.perf_counter() - t) / n])
         comm.allreduce(took, "max")
         best = min(best, float(took[0]))
@@ -125,9 +138,11 @@ def _worker(rounds):
 
 
 def choose(measured):
-    """{variable: (value, why)} from the worker's times."""
+    """{variable: (value, why)} from the worker's times (of the variables it measured)."""
     choice = {}
     for var, values in CANDIDATES.items():
+        if any(f"{var}={v}" not in measured for v in values):
+            continue
         runs = {v: measured[f"{var}={v}"] for v in values}
         if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
             choice[var] = ("0", "single copy does not work here")

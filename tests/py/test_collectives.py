@@ -238,6 +238,14 @@ def test_small_staging_slots(run_ranks, P):
               env={"HBMCOLL_SLOT_BYTES": "4096", "HBMCOLL_SMALL_MAX": "2048"})
 
 
+@pytest.mark.parametrize("P", [2, 3])
+def test_streaming_stores(run_ranks, P):
+    """Every reduction with results written by streaming stores from 0 B (HBMCOLL_STREAM_MIN=0):
+    flat's reduce through its L1 scratch, rsag's copy-out, each only where the output is apart
+    from the input (in place writes ordinary stores)."""
+    run_ranks(P, reductions_rank, timeout=300, env={"HBMCOLL_STREAM_MIN": "0"})
+
+
 # ---- single copy (process_vm_readv/writev) for large bcast and gather ------------------------
 
 def single_copy_rank(comm):

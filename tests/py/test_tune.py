@@ -10,7 +10,7 @@ from hbmcoll import tune
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "pymod"),
            HBMCOLL_BIND="none", HBMCOLL_TIMEOUT="60")
-for _var in ("HBMCOLL_SMALL_MAX", "HBMCOLL_CMA", "HBMCOLL_TUNE"):
+for _var in (*tune.CANDIDATES, "HBMCOLL_TUNE"):
     ENV.pop(_var, None)
 JOB = r"""
 import os, numpy as np, hbmcoll
@@ -106,3 +106,11 @@ def test_ranks_with_different_single_copy_sizes_still_choose_alike(tmp_path):
                        env=dict(ENV, HBMCOLL_CMA="gather"), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.split()[3::4]) == ["single-copy", "single-copy"], p.stdout
+
+
+def test_auto_is_the_default_of_every_byte_count(tmp_path):
+    """The tune's candidates include "auto" (the library's own default); every byte-count
+    variable takes it, in any case."""
+    p = _job(tmp_path, HBMCOLL_TUNE="off", HBMCOLL_STREAM_MIN="auto", HBMCOLL_SLOT_BYTES="AUTO",
+             HBMCOLL_SMALL_MAX="Auto")
+    assert p.stdout.count("bcast pipelined tuned False") == 2, p.stdout
