@@ -16,7 +16,7 @@ import threading
 from . import _core
 from . import job_secret
 from . import launch_env
-from . import log, timeline, tune
+from . import log, timeline
 from .comm import meet
 from .errors import ArgumentError
 
@@ -77,7 +77,10 @@ def init(comm=None, timeout=None):
     HBMCOLL_TIMEOUT, else no limit). HBMCOLL_LOG and HBMCOLL_TIMELINE apply from here.
     """
     log.level()  # a bad HBMCOLL_LOG: every rank's error, before anything waits
-    tune.apply()  # this host's measured thresholds, where the environment sets none
+    # this host's measured thresholds, where the environment sets none (imported here: a
+    # module-level import would make `python -m hbmcoll.tune` warn that it ran it twice)
+    from . import tune
+    tune.apply()
     return timeline.made(_init(comm, timeout))
 
 
