@@ -27,12 +27,13 @@
  * rsag is safe in place because slice owners only ever write their own slice.
  *
  * Push: when every rank's input and output are in the arena and the message
- * is at least HBMCOLL_STREAM_MIN (default half the last-level cache), rank r
+ * is at least HBMCOLL_PUSH_MIN (default half the last-level cache), rank r
  * reduces slice r of the whole message, block by block into an L1 scratch,
  * and writes each block into every rank's output with streaming stores: one
  * read of each input and one write of each output, no read for ownership, no
- * second copy. From the same size rsag's copy-out, and flat's reduce, write an
- * output apart from its input with streaming stores too (each rank for
+ * second copy. Whether that beats rsag's zero copy differs between hosts (the
+ * tune measures it). From HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce,
+ * write an output apart from its input with streaming stores (each rank for
  * itself). Below it, with data that may still be cached, ordinary stores and
  * rsag's reads from a peer's cache are faster; and in place they always are:
  * staging the input has just brought the output's lines into the cache.
@@ -242,7 +243,7 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
-    if (k == 0 && zc && nbytes >= coll__stream_min(c) && ar_all_in_arena(c)) {
+    if (k == 0 && zc && nbytes >= coll__push_min(c) && ar_all_in_arena(c)) {
       c->algorithm = "push";
       return ar_push(c, a, t0);
     }

@@ -12,9 +12,12 @@
  *                        2 ranks with private buffers: flat at every size)
  *   HBMCOLL_STREAM_MIN   from this size, results are written with streaming stores: an
  *                        allreduce's output apart from its input, bcast's and gather's
- *                        outputs; with every buffer in the arena, allreduce pushes (default:
- *                        half the largest CPU cache; python -m hbmcoll.tune measures it; the
- *                        creating rank's value holds for all)
+ *                        outputs (default: half the largest CPU cache; python -m hbmcoll.tune
+ *                        measures it; the creating rank's value holds for all)
+ *   HBMCOLL_PUSH_MIN     allreduce with every buffer in the arena: from this size each rank
+ *                        reduces its slice and streams it into every output ("push";
+ *                        default: half the largest CPU cache; python -m hbmcoll.tune measures
+ *                        it; the creating rank's value holds for all)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"; "tree" for
  *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
@@ -201,6 +204,8 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
    * (bench/README.md has the measurements) */
   if (rc == 0)
     rc = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0, &p->stream_min, err, errlen);
+  if (rc == 0)
+    rc = param_size("HBMCOLL_PUSH_MIN", param_llc_bytes() / 2, 0, &p->push_min, err, errlen);
   p->spin_iters = -1;
   const char *spin = getenv("HBMCOLL_SPIN");
   if (rc == 0 && spin && *spin && strcasecmp(spin, "auto") != 0) {

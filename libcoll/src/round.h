@@ -126,6 +126,8 @@ void coll__stage_pieces(uint8_t *slot, const uint8_t *src, size_t nbytes, size_t
 static inline size_t coll__slot_bytes(const coll_comm_t *c) { return c->hdr->slot_bytes; }
 /* From this many bytes, results are written with streaming stores (the same on every rank). */
 static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->stream_min; }
+/* From this many bytes, an allreduce of arena buffers pushes (algo_allreduce.c; likewise). */
+static inline size_t coll__push_min(const coll_comm_t *c) { return c->hdr->push_min; }
 /* Up to this many bytes a message is small (HBMCOLL_SMALL_MAX). */
 static inline size_t coll__small_max(const coll_comm_t *c) { return c->hdr->small_max; }
 /* The algorithm forced for a kind (HBMCOLL_ALGO, coll_set_algorithm), 0: automatic. */

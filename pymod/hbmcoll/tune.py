@@ -16,9 +16,12 @@ time over the best candidate's, size by size, is kept unless the default is with
   where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
   loses for bcast, whose staged root returns while the receivers copy;
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
-- HBMCOLL_STREAM_MIN: from which size results are written with streaming stores (and two
-  ranks' allreduce of private buffers leaves flat for rsag). "auto", half the largest cache
-  the CPU reports, assumes that cache is ours; on a VM it is shared with other tenants.
+- HBMCOLL_STREAM_MIN: from which size results are written with streaming stores. "auto", half
+  the largest cache the CPU reports, assumes that cache is ours; on a VM it is shared with
+  other tenants;
+- HBMCOLL_PUSH_MIN: from which size an allreduce of hbmcoll.empty buffers pushes (each rank
+  streams its reduced slice into every output) instead of rsag's zero copy: it won by 24% on an
+  EPYC VM and loses by 30% on a Xeon one.
 
 The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
 core count, kernel and hbmcoll version; init() applies it to every variable the environment does
@@ -38,13 +41,15 @@ import time
 CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
               "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
               "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
-              "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
+              "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"],
+              "HBMCOLL_PUSH_MIN": ["auto", "1M", "4M", "16M"]}
 DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_SLOT_BYTES": "256K",
-            "HBMCOLL_STREAM_MIN": "auto"}
+            "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
          "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20)),
          "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
-         "HBMCOLL_STREAM_MIN": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20, 16 << 20))}
+         "HBMCOLL_STREAM_MIN": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20, 16 << 20)),
+         "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
 NOISE = 1.05
 _applied = None
 
@@ -98,15 +103,24 @@ ROTATE_BYTES = 512 << 20  # at most this much of them per rank (a gather's root 
 
 
 def _time(comm, coll, nbytes, rounds):
+    """The slowest rank's time of one call (best of `rounds`); "allreduce-arena": in place on
+    hbmcoll.empty buffers, as the suite's empty variant."""
     import numpy as np
+    import hbmcoll
     count = max(nbytes // 4, 1)
     rows = comm.size if coll == "gather" and comm.rank == 0 else 1 if coll == "allreduce" else 0
     rotate = max(2, min(ROTATE, ROTATE_BYTES // (count * 4 * (1 + rows))))
-    xs = [np.ones(count, np.float32) for _ in range(rotate)]
+    if coll == "allreduce-arena":
+        xs = [hbmcoll.empty(count, "float32", comm=comm) for _ in range(rotate)]
+        for x in xs:
+            x[:] = 1
+    else:
+        xs = [np.ones(count, np.float32) for _ in range(rotate)]
     outs = [np.empty((rows, count), np.float32) if rows else None for _ in range(rotate)]
     call = {"bcast": lambda k: comm.bcast(xs[k], root=0),
             "gather": lambda k: comm.gather(xs[k], root=0, out=outs[k]),
-            "allreduce": lambda k: comm.allreduce(xs[k], out=outs[k][0])}[coll]
+            "allreduce": lambda k: comm.allreduce(xs[k], out=outs[k][0]),
+            "allreduce-arena": lambda k: comm.allreduce(xs[k])}[coll]
     n = max(5, min(500, (4 << 20) // max(nbytes, 1) * 4))
     best = math.inf
     for _ in range(rounds + 1):  # the first warms up

@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
-  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", NULL};
+  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", "HBMCOLL_PUSH_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
