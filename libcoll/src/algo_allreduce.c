@@ -29,10 +29,10 @@
  * Push: when every rank's input and output are in the arena and the message
  * is at least HBMCOLL_PUSH_MIN (default half the last-level cache), rank r
  * reduces slice r of the whole message, block by block into an L1 scratch,
- * and writes each block into every rank's output with streaming stores: one
- * read of each input and one write of each output, no read for ownership, no
- * second copy. Whether that beats rsag's zero copy differs between hosts (the
- * tune measures it). From HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce,
+ * and writes each block into every rank's output: one read of each input and
+ * one write of each output, no second copy; from HBMCOLL_PUSH_STREAM_MIN with
+ * streaming stores (no read for ownership). Whether either beats rsag's zero
+ * copy differs between hosts (the tune measures both thresholds). From HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce,
  * write an output apart from its input with streaming stores (each rank for
  * itself). Below it, with data that may still be cached, ordinary stores and
  * rsag's reads from a peer's cache are faster; and in place they always are:
@@ -194,16 +194,17 @@ static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
   size_t lo = ar_slice(me, P, a->count), hi = ar_slice(me + 1, P, a->count);
   _Alignas(64) uint8_t scratch[AR_BLOCK];
   const void *blk[P];
+  int stream = a->count * es >= coll__push_stream_min(c);
   for (size_t i = lo; i < hi; i += BE) {
     size_t n = coll__min(BE, hi - i);
     for (int q = 0; q < P; q++) blk[q] = coll__shared(c, coll__peer_desc(c, q)->send_off) + i * es;
     coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, n, (size_t)P);
     for (int k = 0; k < P; k++) { /* mine, then the next ranks: staggered, not all into rank 0 at once */
       int q = (me + k) % P;
-      coll__copy_stream(coll__shared(c, coll__peer_desc(c, q)->recv_off) + i * es, scratch, n * es);
+      coll__copy(c, coll__shared(c, coll__peer_desc(c, q)->recv_off) + i * es, scratch, n * es, stream);
     }
   }
-  coll__stream_fence(); /* the streamed results before the flag that says so */
+  if (stream) coll__stream_fence(); /* the streamed results before the flag that says so */
   coll__finish(c, t0);
   coll__round_end(c, t0);
   return coll__wait_all_finished(c, t0); /* every slice of my output is written */

@@ -26,7 +26,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3037ull /* "hbcoll07": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3038ull /* "hbcoll08": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -70,6 +70,7 @@ typedef struct {
   uint64_t ctl_off, slot_off, slot_bytes, arena_off, arena_bytes, total_bytes;
   uint64_t stream_min; /* creator's HBMCOLL_STREAM_MIN: the same on every rank */
   uint64_t push_min;   /* creator's HBMCOLL_PUSH_MIN, likewise (all ranks push, or none) */
+  uint64_t push_stream_min; /* creator's HBMCOLL_PUSH_STREAM_MIN */
   uint64_t small_max;  /* creator's HBMCOLL_SMALL_MAX, likewise: ranks that read different values
                         * (a tuning cache rewritten between their starts) still pick alike */
   uint32_t cma_kinds;  /* creator's HBMCOLL_CMA: bit (1 << kind) per collective that may use
@@ -94,6 +95,7 @@ typedef struct {
   size_t small_max;         /* allreduce: flat copy-in up to here, then rsag */
   size_t stream_min;        /* outputs written with streaming stores from here */
   size_t push_min;          /* allreduce: arena buffers pushed from here */
+  size_t push_stream_min;   /* and pushed with streaming stores from here */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
   int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */

@@ -38,6 +38,7 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->arena_bytes = p->arena_bytes;
   h->stream_min = p->stream_min;
   h->push_min = p->push_min;
+  h->push_stream_min = p->push_stream_min;
   h->small_max = p->small_max;
   h->cma_min = p->cma_min;
   h->cma_kinds = (p->cma == 1 || p->cma == 2 ? 1u << COLL_GATHER : 0) |

@@ -15,9 +15,11 @@
  *                        outputs (default: half the largest CPU cache; python -m hbmcoll.tune
  *                        measures it; the creating rank's value holds for all)
  *   HBMCOLL_PUSH_MIN     allreduce with every buffer in the arena: from this size each rank
- *                        reduces its slice and streams it into every output ("push";
+ *                        reduces its slice and writes it into every output ("push";
  *                        default: half the largest CPU cache; python -m hbmcoll.tune measures
  *                        it; the creating rank's value holds for all)
+ *   HBMCOLL_PUSH_STREAM_MIN  a push writes with streaming stores from this size (default: half
+ *                        the largest CPU cache; measured by the tune; the creator's holds)
  *   HBMCOLL_SPIN         spin iterations before yielding (default: automatic)
  *   HBMCOLL_ALGO         forced algorithms, e.g. "allreduce=rsag,bcast=flat"; "tree" for
  *                        small barrier/bcast/gather/reduce/allreduce (algo_tree.c; the
@@ -206,6 +208,9 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
     rc = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0, &p->stream_min, err, errlen);
   if (rc == 0)
     rc = param_size("HBMCOLL_PUSH_MIN", param_llc_bytes() / 2, 0, &p->push_min, err, errlen);
+  if (rc == 0)
+    rc = param_size("HBMCOLL_PUSH_STREAM_MIN", param_llc_bytes() / 2, 0, &p->push_stream_min, err,
+                    errlen);
   p->spin_iters = -1;
   const char *spin = getenv("HBMCOLL_SPIN");
   if (rc == 0 && spin && *spin && strcasecmp(spin, "auto") != 0) {

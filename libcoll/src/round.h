@@ -128,6 +128,8 @@ static inline size_t coll__slot_bytes(const coll_comm_t *c) { return c->hdr->slo
 static inline size_t coll__stream_min(const coll_comm_t *c) { return c->hdr->stream_min; }
 /* From this many bytes, an allreduce of arena buffers pushes (algo_allreduce.c; likewise). */
 static inline size_t coll__push_min(const coll_comm_t *c) { return c->hdr->push_min; }
+/* From this many bytes, a push writes with streaming stores (likewise). */
+static inline size_t coll__push_stream_min(const coll_comm_t *c) { return c->hdr->push_stream_min; }
 /* Up to this many bytes a message is small (HBMCOLL_SMALL_MAX). */
 static inline size_t coll__small_max(const coll_comm_t *c) { return c->hdr->small_max; }
 /* The algorithm forced for a kind (HBMCOLL_ALGO, coll_set_algorithm), 0: automatic. */

@@ -9,7 +9,8 @@ on one Xeon VM loses above 16 KiB on an EPYC one). For each candidate value the 
 communicator with it and time bcast, gather and allreduce of NumPy buffers around the sizes it
 decides (the slowest rank's time, best of --rounds); the value with the least geometric mean of
 time over the best candidate's, size by size, is kept unless the default is within 5% of it
-(noise). Measured now:
+(noise). The variables are measured in turn, each with the choices before it applied (the push
+thresholds depend on each other). Measured now:
 
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
@@ -20,8 +21,10 @@ time over the best candidate's, size by size, is kept unless the default is with
   the largest cache the CPU reports, assumes that cache is ours; on a VM it is shared with
   other tenants;
 - HBMCOLL_PUSH_MIN: from which size an allreduce of hbmcoll.empty buffers pushes (each rank
-  streams its reduced slice into every output) instead of rsag's zero copy: it won by 24% on an
-  EPYC VM and loses by 30% on a Xeon one.
+  writes its reduced slice into every output) instead of rsag's zero copy, and
+  HBMCOLL_PUSH_STREAM_MIN, from which size it writes with streaming stores: streamed, push won
+  by 24% at 16 MiB on an EPYC VM; on a Xeon one it loses there by 30%, and with ordinary stores
+  wins by 2x at 1-4 MiB.
 
 The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
 core count, kernel and hbmcoll version; init() applies it to every variable the environment does
@@ -42,14 +45,18 @@ CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
               "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
               "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
               "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"],
-              "HBMCOLL_PUSH_MIN": ["auto", "1M", "4M", "16M"]}
+              "HBMCOLL_PUSH_MIN": ["auto", "256K", "1M", "4M"],
+              "HBMCOLL_PUSH_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
 DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_SLOT_BYTES": "256K",
-            "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto"}
+            "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto", "HBMCOLL_PUSH_STREAM_MIN": "auto"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
          "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20)),
          "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
-         "HBMCOLL_STREAM_MIN": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20, 16 << 20)),
-         "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
+         # allreduce only: with a gather's single copy chosen, and bcast's receivers streaming or
+         # not alike within 3% on the Xeon VM, their cases only added noise to its 1.2x
+         "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
+         "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (256 << 10, 1 << 20, 4 << 20, 16 << 20)),
+         "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
 NOISE = 1.05
 _applied = None
 
@@ -121,7 +128,7 @@ def _time(comm, coll, nbytes, rounds):
             "gather": lambda k: comm.gather(xs[k], root=0, out=outs[k]),
             "allreduce": lambda k: comm.allreduce(xs[k], out=outs[k][0]),
             "allreduce-arena": lambda k: comm.allreduce(xs[k])}[coll]
-    n = max(5, min(500, (4 << 20) // max(nbytes, 1) * 4))
+    n = max(16, min(500, (4 << 20) // max(nbytes, 1) * 4))
     best = math.inf
     for _ in range(rounds + 1):  # the first warms up
         comm.barrier()
@@ -146,29 +153,31 @@ def _worker(rounds):
             if var == "HBMCOLL_CMA":
                 got[f"{var}={value}"]["works"] = bool(comm.single_copy)
             comm.close()
-        os.environ.pop(var)
+        # the next variables are measured with this choice (every rank has the same slowest-rank
+        # times, so every rank chooses alike)
+        os.environ[var] = _choose_one(var, {v: got[f"{var}={v}"] for v in values})[0]
     if comm.rank == 0:
         print("TUNED " + json.dumps(got), flush=True)
 
 
+def _choose_one(var, runs):
+    """(value, why) for one variable from {candidate: {case: seconds}}."""
+    values = CANDIDATES[var]
+    if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
+        return "0", "single copy does not work here"
+    cases = [k for k in runs[values[0]] if k != "works"]
+    best = {k: min(runs[v][k] for v in values) for k in cases}
+    score = {v: math.exp(sum(math.log(runs[v][k] / best[k]) for k in cases) / len(cases)) for v in values}
+    top = min(score, key=score.get)
+    keep = score[DEFAULTS[var]] <= score[top] * NOISE
+    return (DEFAULTS[var] if keep else top,
+            f"{', '.join(f'{v}: {score[v]:.2f}' for v in values)} (time over the best, geometric mean)")
+
+
 def choose(measured):
     """{variable: (value, why)} from the worker's times (of the variables it measured)."""
-    choice = {}
-    for var, values in CANDIDATES.items():
-        if any(f"{var}={v}" not in measured for v in values):
-            continue
-        runs = {v: measured[f"{var}={v}"] for v in values}
-        if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
-            choice[var] = ("0", "single copy does not work here")
-            continue
-        cases = [k for k in runs[values[0]] if k != "works"]
-        best = {k: min(runs[v][k] for v in values) for k in cases}
-        score = {v: math.exp(sum(math.log(runs[v][k] / best[k]) for k in cases) / len(cases)) for v in values}
-        top = min(score, key=score.get)
-        keep = score[DEFAULTS[var]] <= score[top] * NOISE
-        choice[var] = (DEFAULTS[var] if keep else top,
-                       f"{', '.join(f'{v}: {score[v]:.2f}' for v in values)} (time over the best, geometric mean)")
-    return choice
+    return {var: _choose_one(var, {v: measured[f"{var}={v}"] for v in values})
+            for var, values in CANDIDATES.items() if all(f"{var}={v}" in measured for v in values)}
 
 
 def main(argv=None):

@@ -158,8 +158,10 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
   const char *const timeout10[] = {"HBMCOLL_TIMEOUT=10", NULL};
-  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", "HBMCOLL_PUSH_MIN=0", NULL};
+  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", "HBMCOLL_PUSH_MIN=0",
+                                         "HBMCOLL_PUSH_STREAM_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
+  const char *const push_plain[] = {"HBMCOLL_PUSH_MIN=0", NULL}; /* ordinary stores */
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
@@ -167,6 +169,8 @@ int main(int argc, char **argv) {
     if (CASE("arena slot=4096")) spawn("arena slot=4096", P, 600, small_slots, rank_arena, NULL);
     if (CASE("arena streaming stores from 0 B"))
       spawn("arena streaming stores from 0 B", P, 600, push_always, rank_arena, NULL);
+    if (CASE("arena push from 0 B"))
+      spawn("arena push from 0 B", P, 600, push_plain, rank_arena, NULL);
     if (P > 1 && CASE("arena reduce then other comm"))
       spawn("arena reduce then other comm", P, 60, timeout10, rank_arena_reduce_then_other, NULL);
   }

@@ -214,7 +214,8 @@ int main(int argc, char **argv) {
   static const int sizes[] = {1, 2, 3, 4, 5, 8};
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
   const char *const small_slots[] = {"HBMCOLL_SLOT_BYTES=4096", NULL};
-  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", "HBMCOLL_PUSH_MIN=0", NULL};
+  const char *const push_always[] = {"HBMCOLL_STREAM_MIN=0", "HBMCOLL_PUSH_MIN=0",
+                                         "HBMCOLL_PUSH_STREAM_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};

@@ -246,6 +246,14 @@ def test_streaming_stores(run_ranks, P):
     run_ranks(P, reductions_rank, timeout=300, env={"HBMCOLL_STREAM_MIN": "0"})
 
 
+@pytest.mark.parametrize("P", [2, 3])
+def test_push(run_ranks, P):
+    """Allreduce of hbmcoll.empty buffers pushed from 0 B, with ordinary stores and with
+    streaming ones: each rank writes its reduced slice into every rank's output."""
+    run_ranks(P, arena_rank, timeout=300, env={"HBMCOLL_PUSH_MIN": "0"})
+    run_ranks(P, arena_rank, timeout=300, env={"HBMCOLL_PUSH_MIN": "0", "HBMCOLL_PUSH_STREAM_MIN": "0"})
+
+
 # ---- single copy (process_vm_readv/writev) for large bcast and gather ------------------------
 
 def single_copy_rank(comm):
