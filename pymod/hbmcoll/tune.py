@@ -17,6 +17,8 @@ thresholds depend on each other). Measured now:
   where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
   loses for bcast, whose staged root returns while the receivers copy;
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
+- HBMCOLL_REP_MOVSB_MIN: from which size plain copies use `rep movsb` rather than memcpy ("auto":
+  1M on AMD Zen 5 and later, where it was measured to pay, else never);
 - HBMCOLL_STREAM_MIN: from which size results are written with streaming stores. "auto", half
   the largest cache the CPU reports, assumes that cache is ours; on a VM it is shared with
   other tenants;
@@ -44,14 +46,17 @@ import time
 CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
               "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
               "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
+              "HBMCOLL_REP_MOVSB_MIN": ["auto", "off", "256K", "1M"],
               "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"],
               "HBMCOLL_PUSH_MIN": ["auto", "256K", "1M", "4M"],
               "HBMCOLL_PUSH_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
 DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_SLOT_BYTES": "256K",
+            "HBMCOLL_REP_MOVSB_MIN": "auto",
             "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto", "HBMCOLL_PUSH_STREAM_MIN": "auto"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
          "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20)),
          "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
+         "HBMCOLL_REP_MOVSB_MIN": (("bcast", "gather"), (1 << 20, 4 << 20)),
          # allreduce only: with a gather's single copy chosen, and bcast's receivers streaming or
          # not alike within 3% on the Xeon VM, their cases only added noise to its 1.2x
          "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
