@@ -56,7 +56,7 @@ from . import p2p as _p2p
 from . import timeline, tune
 from ._torch_tensors import (_NATIVE, _OPS, _R, _RedPlan, _copy_into, _flat_cat, _flat_mv,
                              _inout, _out_buf, _plain, _unit_count)
-from ._torch_work import Work, _Completer, _RecvWork, completed
+from ._torch_work import Done, Work, _Completer, _RecvWork
 
 BACKEND = "hbmcoll"
 
@@ -142,7 +142,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
             getattr(c, name)(*args)
             if finish is not None:
                 finish()
-            return completed(result)
+            return Done(result)
         return self._start(getattr(c, "i" + name)(*args), finish, result)
 
     def _one(self, tensors, what):
@@ -163,7 +163,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
             # the common case: in place on the caller's tensor, nothing to copy
             if self._inline or (opts is not None and not opts.asyncOp):
                 self.comm.allreduce(t, op)
-                return completed(tensors)
+                return Done(tensors)
             return self._start(self.comm.iallreduce(t, op), None, tensors)
         self._one(tensors, "allreduce")
         return self._reduce_general(opts, t, tensors, redop)
@@ -200,7 +200,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         if not tensors:
-            return completed(tensors)
+            return Done(tensors)
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             raise ArgumentError("hbmcoll: allreduce_coalesced needs tensors of one dtype")
@@ -264,7 +264,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, input_tensors)]
         for w in works:
             w.wait()
-        return completed(output_lists)
+        return Done(output_lists)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         t = self._one(input_tensors, "gather")
@@ -406,7 +406,7 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
     def barrier(self, opts=None):
         if self._inline or (opts is not None and not opts.asyncOp):
             self.comm.barrier()
-            return completed([])
+            return Done([])
         return self._start(self.comm.ibarrier(), None, [])
 
     # point-to-point (the communicator's send/recv, p2p.py): always in the background, as

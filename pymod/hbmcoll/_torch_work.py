@@ -5,17 +5,46 @@ import threading
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 
-def completed(result):
-    """A Work of a collective that already ran in the caller's thread: torch's own Work around
-    a completed Future, so DDP's getFuture() and wait() never call back into Python (a
-    Python Work costs a few microseconds per call there, more with caches cold from the
-    backward pass)."""
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
+class Done(dist._Work):
+    """A collective that already ran in the caller's thread: complete from the start. Its
+    future is made completed, once asked for: no callback to unwrap an error, as it cannot
+    have failed (DDP asks for it after every bucket, with caches cold from the backward pass,
+    where each Python and pybind step costs microseconds). wait(timeout) returns at once."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+        self._fut = None
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        f = self._fut
+        if f is None:
+            f = self._fut = torch.futures.Future()
+            f.set_result(self._result)
+        return f
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self):
+        pass
+
+    def __repr__(self):
+        return "<hbmcoll.torch Work done>"
 
 
 class Work(dist._Work):

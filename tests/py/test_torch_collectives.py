@@ -388,3 +388,31 @@ def test_collectives_match_gloo(run_ranks):
     for r in res:
         assert r["errs"] == ["ArgumentError", "ArgumentError", "ArgumentError"], r["errs"]
         assert r["mismatch"] == "MismatchError"
+
+
+def rank_inline_works(comm, port):
+    """Async collectives run in the caller's thread (HBMCOLL_TORCH_INLINE=1) return complete
+    Works that keep the Work contract: wait() with or without a timeout, futures, result()."""
+    from datetime import timedelta
+    dist, _ = init_torch(comm, port)
+    P = dist.get_world_size()
+    got = []
+    t = torch.ones(4)
+    w = dist.all_reduce(t, async_op=True)
+    got += [w.is_completed(), w.wait(timeout=timedelta(seconds=5)), w.wait(5), w.wait(),
+            w.is_success(), w.exception() is None]
+    got.append(bool(torch.equal(w.get_future().wait()[0], torch.full((4,), float(P)))))
+    got.append(bool(torch.equal(w.result()[0], t)))
+    outs = [torch.empty(2) for _ in range(P)]
+    w = dist.all_gather(outs, torch.full((2,), float(dist.get_rank())), async_op=True)
+    got += [w.wait(timeout=timedelta(seconds=1)), [float(o[0]) for o in outs] == list(map(float, range(P)))]
+    w = dist.barrier(async_op=True)
+    got += [w.wait(timeout=timedelta(seconds=1)), w.get_future().done()]
+    dist.destroy_process_group()
+    return got
+
+
+def test_inline_works_keep_the_work_contract(run_ranks):
+    for got in run_ranks(2, rank_inline_works, free_port(), timeout=120,
+                         env={"HBMCOLL_TORCH_INLINE": "1"}):
+        assert got == [True] * len(got), got
