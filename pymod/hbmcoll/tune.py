@@ -199,7 +199,9 @@ def main(argv=None):
         print(f"{cache_path()}: " + (json.dumps(doc.get("choice"), sort_keys=True) if doc else "no cache for this host"))
         return
     env = dict(os.environ, HBMCOLL_TUNE="off", HBMCOLL_QUIET="1")
-    for var in CANDIDATES:
+    # measured with the library's defaults: a forced algorithm or a small arena (the arena case
+    # holds 8 buffers of 16 MiB a rank) would skew or fail the measurement
+    for var in (*CANDIDATES, "HBMCOLL_ALGO", "HBMCOLL_ARENA_BYTES"):
         env.pop(var, None)
     p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", str(a.ranks), sys.executable, "-m", "hbmcoll.tune",
                         "--worker", "--rounds", str(a.rounds)], env=env, capture_output=True, text=True, timeout=900)
