@@ -1,7 +1,7 @@
 """`python -m hbmcoll.tune`: choose this host's thresholds from measurements made here, and
 cache them for every later job on the host.
 
-    python -m hbmcoll.tune [--ranks 2] [--rounds 3]   # a few seconds; writes the cache
+    python -m hbmcoll.tune [--ranks 2] [--rounds 3]   # about 7 s here; writes the cache
     python -m hbmcoll.tune --show                      # what the cache says, and where it is
 
 A threshold tuned on one machine is wrong on the next (the eager bcast that wins below 64 KiB
