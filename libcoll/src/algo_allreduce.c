@@ -32,9 +32,9 @@
  * and writes each block into every rank's output: one read of each input and
  * one write of each output, no second copy; from HBMCOLL_PUSH_STREAM_MIN with
  * streaming stores (no read for ownership). Whether either beats rsag's zero
- * copy differs between hosts (the tune measures both thresholds). From HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce,
- * write an output apart from its input with streaming stores (each rank for
- * itself). Below it, with data that may still be cached, ordinary stores and
+ * copy differs between hosts (the tune measures both thresholds). From
+ * HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce, write an output apart
+ * from its input with streaming stores (each rank for itself). Below it, with data that may still be cached, ordinary stores and
  * rsag's reads from a peer's cache are faster; and in place they always are:
  * staging the input has just brought the output's lines into the cache.
  *
@@ -83,9 +83,11 @@ static int ar_stream_out(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   return want && nbytes >= coll__stream_min(c) && !ar_overlap(a->send, a->recv, nbytes);
 }
 
-/* coll_reduce_local into out with streaming stores, block by block through an L1 scratch (the
- * caller fences). */
-static void ar_reduce_stream(const coll_args_t *a, uint8_t *out, const void **in, int P, size_t n) {
+/* Reduce n elements of the P inputs block by block into an L1 scratch, and copy each block
+ * into every one of the nout outputs, in their order (streaming stores if stream: the caller
+ * fences). Flat's streamed reduce (one output) and push (every rank's) are this. */
+static void ar_reduce_blocks(coll_comm_t *c, const coll_args_t *a, const void *const *in, int P,
+                             uint8_t *const *out, int nout, size_t n, int stream) {
   size_t es = coll_dtype_size(a->dtype), BE = AR_BLOCK / es;
   _Alignas(64) uint8_t scratch[AR_BLOCK];
   const void *blk[P];
@@ -93,7 +95,7 @@ static void ar_reduce_stream(const coll_args_t *a, uint8_t *out, const void **in
     size_t m = coll__min(BE, n - i);
     for (int q = 0; q < P; q++) blk[q] = (const uint8_t *)in[q] + i * es;
     coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, m, (size_t)P);
-    coll__copy_stream(out + i * es, scratch, m * es);
+    for (int k = 0; k < nout; k++) coll__copy(c, out[k] + i * es, scratch, m * es, stream);
   }
 }
 
@@ -160,8 +162,9 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
     /* my own part from my input, not from the slot my peers are reading (no line shared
      * with their reads); send and recv are the same or apart (aliasing.c) */
     if (!zoff) in[me] = send + off * es;
-    if (n && stream) ar_reduce_stream(a, recv + off * es, in, P, n);
-    else if (n) coll_reduce_local(a->dtype, a->op, recv + off * es, in, (size_t)P, n, (size_t)P);
+    uint8_t *out = recv + off * es;
+    if (n && stream) ar_reduce_blocks(c, a, in, P, &out, 1, n, 1);
+    else if (n) coll_reduce_local(a->dtype, a->op, out, in, (size_t)P, n, (size_t)P);
     /* In allreduce my next arrival says "done" for me (every rank waits for
      * every arrival); an explicit `done` is for the root's readers in reduce
      * and for ranks whose arena input I read (they wait for it). Skipping it
@@ -189,21 +192,18 @@ static int ar_all_in_arena(coll_comm_t *c) {
 }
 
 static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
-  size_t es = coll_dtype_size(a->dtype), BE = AR_BLOCK / es;
+  size_t es = coll_dtype_size(a->dtype);
   int me = c->rank, P = c->size;
   size_t lo = ar_slice(me, P, a->count), hi = ar_slice(me + 1, P, a->count);
-  _Alignas(64) uint8_t scratch[AR_BLOCK];
-  const void *blk[P];
-  int stream = a->count * es >= coll__push_stream_min(c);
-  for (size_t i = lo; i < hi; i += BE) {
-    size_t n = coll__min(BE, hi - i);
-    for (int q = 0; q < P; q++) blk[q] = coll__shared(c, coll__peer_desc(c, q)->send_off) + i * es;
-    coll_reduce_local(a->dtype, a->op, scratch, blk, (size_t)P, n, (size_t)P);
-    for (int k = 0; k < P; k++) { /* mine, then the next ranks: staggered, not all into rank 0 at once */
-      int q = (me + k) % P;
-      coll__copy(c, coll__shared(c, coll__peer_desc(c, q)->recv_off) + i * es, scratch, n * es, stream);
-    }
+  const void *in[P];
+  uint8_t *out[P];
+  for (int k = 0; k < P; k++) { /* outputs mine, then the next ranks': not all into rank 0 at once */
+    int q = (me + k) % P;
+    in[k] = coll__shared(c, coll__peer_desc(c, k)->send_off) + lo * es;
+    out[k] = coll__shared(c, coll__peer_desc(c, q)->recv_off) + lo * es;
   }
+  int stream = a->count * es >= coll__push_stream_min(c);
+  ar_reduce_blocks(c, a, in, P, out, P, hi - lo, stream);
   if (stream) coll__stream_fence(); /* the streamed results before the flag that says so */
   coll__finish(c, t0);
   coll__round_end(c, t0);
