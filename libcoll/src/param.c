@@ -204,13 +204,11 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
    * cached, so streaming stores cost nothing even when the caller's data was warm; but on a
    * VM that cache is shared with other tenants, and the tune measures a lower one
    * (bench/README.md has the measurements) */
+  size_t half_llc = param_llc_bytes() / 2; /* read from sysfs once */
+  if (rc == 0) rc = param_size("HBMCOLL_STREAM_MIN", half_llc, 0, &p->stream_min, err, errlen);
+  if (rc == 0) rc = param_size("HBMCOLL_PUSH_MIN", half_llc, 0, &p->push_min, err, errlen);
   if (rc == 0)
-    rc = param_size("HBMCOLL_STREAM_MIN", param_llc_bytes() / 2, 0, &p->stream_min, err, errlen);
-  if (rc == 0)
-    rc = param_size("HBMCOLL_PUSH_MIN", param_llc_bytes() / 2, 0, &p->push_min, err, errlen);
-  if (rc == 0)
-    rc = param_size("HBMCOLL_PUSH_STREAM_MIN", param_llc_bytes() / 2, 0, &p->push_stream_min, err,
-                    errlen);
+    rc = param_size("HBMCOLL_PUSH_STREAM_MIN", half_llc, 0, &p->push_stream_min, err, errlen);
   p->spin_iters = -1;
   const char *spin = getenv("HBMCOLL_SPIN");
   if (rc == 0 && spin && *spin && strcasecmp(spin, "auto") != 0) {
