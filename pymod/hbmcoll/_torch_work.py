@@ -56,20 +56,15 @@ class Work(dist._Work):
 
     def __init__(self, req, finish, result, pg=None):
         super().__init__()
-        self._req = req           # hbmcoll Request, or None when already complete
+        self._req = req           # hbmcoll Request in flight (one that ran inline is a Done)
         self._finish = finish     # copies back/unpacks after the collective, or None
         self._result = result     # the future's value
         self._fut = torch.futures.Future()
         self._user_fut = None
         self._exc = None
-        if req is None:
-            self._done = True
-            self._pg = None
-            self._fut.set_result(result)
-        else:
-            self._done = False
-            self._lock = threading.Lock()
-            self._pg = pg         # its completer threads complete the future, once asked for
+        self._done = False
+        self._lock = threading.Lock()
+        self._pg = pg             # its completer threads complete the future, once asked for
 
     def _complete(self):
         """Finish the collective (once, whichever thread comes first)."""
