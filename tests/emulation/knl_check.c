@@ -516,6 +516,7 @@ static int run_rank(int me, int P, const knl_mode_t *m, const char *job_key) {
   void *pool = NULL; /* a memory server's pool (hbmcoll-memserver): where this rank's buffers go */
   int pnode = -1;
   if (me == 0 && check(coll_numa_pool_alloc(ctx, 8 << 20, &pool, &pnode) == 0, "memory server pool allocated")) {
+    memset(pool, 0x5a, 8 << 20); /* data: a THP of zeros may be split to the zero page */
     check_pages("memory server pool", pool, 8 << 20, mem_want);
     check(pnode == mem_want, "the memory server pool says node %d (want %d)", pnode, mem_want);
     coll_numa_scratch_free(ctx, pool, 8 << 20);
