@@ -503,6 +503,8 @@ def create(store, rank, size, timeout):
     """The creator torch calls for init_process_group/new_group(backend="hbmcoll")."""
     global _world_placement
     tune.apply()  # this host's measured thresholds, where the environment sets none
+    from . import _torch_ddp  # (it imports this module)
+    _torch_ddp.install()  # DDP models over this backend keep their buckets in the shared arena
     t = _timeout_s(timeout)
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None

@@ -38,6 +38,7 @@ from .process_sets import ProcessSet, entered, taking_process_set
 from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
 from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
                              _RedPlan, communicator, register)
+from ._torch_ddp import allreduce_hook  # noqa: F401 (DDP's comm hook)
 from ._torch_optimizer import _NATIVE_SET, DistributedOptimizer  # noqa: F401 (Horovod's name)
 from ._torch_syncbn import SyncBatchNorm  # noqa: F401 (Horovod's name)
 
@@ -49,7 +50,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
            "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
-           "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register"]
+           "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register", "allreduce_hook"]
 
 _REDOP = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
           "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
