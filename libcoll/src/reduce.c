@@ -282,10 +282,20 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
   static REDUCE_CLONES void name(coll_op_t op, void *out, const void *const *in,         \
                                  size_t nin, size_t count, size_t divisor)                \
   {                                                                                      \
-    if (nin == 2 && sizeof(T) == sizeof(A) && op != COLL_AVG) {                        \
+    /* AVG of floats by a power of two: a multiplication by its reciprocal, the same  \
+     * result as the division (both round the same exact value once), several times  \
+     * cheaper per element (AVX-512 divides 16 floats in ~8 cycles, multiplies 32 in 1) */\
+    int by_scale = op == COLL_AVG && (A)0.5 != 0 && (divisor & (divisor - 1)) == 0;       \
+    A scale = by_scale ? (A)1 / (A)divisor : (A)1;                                        \
+    if (nin == 2 && sizeof(T) == sizeof(A) && (op != COLL_AVG || by_scale)) {           \
       /* two inputs: one pass straight into out (ivdep: out may be in[0] or in[1]) */    \
       const T *x0 = (const T *)in[0], *x1 = (const T *)in[1];                           \
       T *y = (T *)out;                                                                   \
+      if (by_scale) {                                                                    \
+        _Pragma("GCC ivdep") for (size_t i = 0; i < count; i++)                          \
+          y[i] = MUL(ADD(x0[i], x1[i]), scale);                                          \
+        return;                                                                          \
+      }                                                                                  \
       REDUCE_COMBINE(op, A, y, x0, REDUCE_SAME, x1, REDUCE_SAME, count, ADD, MUL)        \
       return;                                                                            \
     }                                                                                    \
@@ -306,7 +316,10 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
         const T *x = (const T *)in[k] + base;                                            \
         REDUCE_COMBINE(op, A, acc, acc, REDUCE_SAME, x, LOAD, n, ADD, MUL)               \
       }                                                                                  \
-      if (op == COLL_AVG) {                                                              \
+      if (by_scale) {                                                                    \
+        for (size_t i = 0; i < n; i++)                                                   \
+          acc[i] = MUL(acc[i], scale);                                                   \
+      } else if (op == COLL_AVG) {                                                       \
         for (size_t i = 0; i < n; i++)                                                   \
           acc[i] = DIV(acc[i], divisor);                                                 \
       }                                                                                  \
@@ -412,7 +425,10 @@ REDUCE_F16_HW_CVT(reduce_avx512, "avx512f", 16, REDUCE_AVX512_IN, REDUCE_AVX512_
         REDUCE_COMBINE(op, float, acc, acc, REDUCE_SAME, tmp, REDUCE_SAME, n,            \
                        REDUCE_F_ADD, REDUCE_F_MUL)                                        \
       }                                                                                  \
-      if (op == COLL_AVG) {                                                              \
+      if (op == COLL_AVG && (divisor & (divisor - 1)) == 0) { /* as REDUCE_KERNEL */    \
+        for (size_t i = 0; i < n; i++)                                                   \
+          acc[i] *= 1.0f / (float)divisor;                                               \
+      } else if (op == COLL_AVG) {                                                       \
         for (size_t i = 0; i < n; i++)                                                   \
           acc[i] = REDUCE_F32_DIV(acc[i], divisor);                                      \
       }                                                                                  \

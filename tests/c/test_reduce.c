@@ -388,7 +388,8 @@ static void test_unaligned(void)
 }
 
 /* Every float16 / bfloat16 value through load + store (SUM, one input), and
- * through AVG by 3 and 10 (arbitrary float32 values to round, subnormals too). */
+ * through AVG by 2, 3, 8 and 10 (arbitrary float32 values to round, subnormals
+ * too; by a power of two the kernels multiply by its reciprocal instead). */
 static void test_half_exhaustive(void)
 {
   uint16_t *all = xmalloc(65536 * sizeof *all), *out = xmalloc(65536 * sizeof *out);
@@ -397,7 +398,7 @@ static void test_half_exhaustive(void)
     all[i] = (uint16_t)i;
   const void *in[1] = {all};
   static const coll_dtype_t halves[] = {COLL_FLOAT16, COLL_BFLOAT16};
-  static const size_t divisors[] = {3, 10};
+  static const size_t divisors[] = {2, 3, 8, 10};
   for (size_t h = 0; h < 2; h++) {
     coll_dtype_t t = halves[h];
     int (*is_nan)(uint16_t) = t == COLL_FLOAT16 ? f16_is_nan : bf16_is_nan;
@@ -407,7 +408,7 @@ static void test_half_exhaustive(void)
       bad += is_nan(all[i]) ? !is_nan(out[i]) : out[i] != all[i];
     CHECK(rc == 0 && bad == 0, "%s round trip: rc %d, %zu values changed", coll_dtype_name(t),
           rc, bad);
-    for (size_t d = 0; d < 2; d++) {
+    for (size_t d = 0; d < 4; d++) {
       ref_reduce(t, COLL_AVG, want, in, 1, 65536, divisors[d]);
       rc = coll_reduce_local(t, COLL_AVG, out, in, 1, 65536, divisors[d]);
       size_t i = first_diff(t, out, want, 65536);
@@ -466,11 +467,46 @@ static void test_avg_finish(void)
   CHECK(f == 1.0f, "finish errors touched the buffer");
 }
 
+/* float32 and float64 AVG of two inputs by powers of two (the fused pass that multiplies
+ * by the reciprocal) against the dividing reference, over bit patterns spread across the
+ * whole range: subnormal results, infinities and NaNs included. */
+static void test_avg_by_powers_of_two(void)
+{
+  enum { N = 1 << 16 };
+  static const size_t divisors[] = {1, 2, 4, 64, (size_t)1 << 40};
+  uint32_t *a = xmalloc(N * 4), *b = xmalloc(N * 4), *out = xmalloc(N * 8), *want = xmalloc(N * 8);
+  uint64_t *a8 = xmalloc(N * 8), *b8 = xmalloc(N * 8);
+  for (uint32_t i = 0; i < N; i++) {
+    a[i] = i * 65537u + 12345u; /* every exponent, mixed mantissas */
+    b[i] = (uint32_t)(i * 2654435761u);
+    a8[i] = (uint64_t)a[i] << 32 | b[i];
+    b8[i] = (uint64_t)b[i] << 32 | a[i];
+  }
+  for (size_t d = 0; d < sizeof divisors / sizeof divisors[0]; d++) {
+    const void *in4[2] = {a, b}, *in8[2] = {a8, b8};
+    ref_reduce(COLL_FLOAT32, COLL_AVG, want, in4, 2, N, divisors[d]);
+    int rc = coll_reduce_local(COLL_FLOAT32, COLL_AVG, out, in4, 2, N, divisors[d]);
+    size_t i = first_diff(COLL_FLOAT32, out, want, N);
+    CHECK(rc == 0 && i == N, "float32 avg of 2 /%zu: rc %d, first difference at %zu", divisors[d], rc, i);
+    ref_reduce(COLL_FLOAT64, COLL_AVG, want, in8, 2, N, divisors[d]);
+    rc = coll_reduce_local(COLL_FLOAT64, COLL_AVG, out, in8, 2, N, divisors[d]);
+    i = first_diff(COLL_FLOAT64, out, want, N);
+    CHECK(rc == 0 && i == N, "float64 avg of 2 /%zu: rc %d, first difference at %zu", divisors[d], rc, i);
+  }
+  free(a);
+  free(b);
+  free(a8);
+  free(b8);
+  free(out);
+  free(want);
+}
+
 int main(void)
 {
   test_matrix();
   test_unaligned();
   test_half_exhaustive();
   test_avg_finish();
+  test_avg_by_powers_of_two();
   return reduce_check_finish();
 }
