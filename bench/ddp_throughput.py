@@ -105,6 +105,7 @@ def worker(a):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hbmcoll.torch  # noqa: F401
+    from hbmcoll import _torch_ddp
     from hbmcoll._torch_backend import ProcessGroupHbmcoll
 
     if a.bind is None:
@@ -151,6 +152,19 @@ def worker(a):
         calls["pg"] = self
         return w
     ProcessGroupHbmcoll.allreduce = timed_allreduce
+    plain_hook = _torch_ddp.allreduce_hook  # DDP's calls when its buckets live in the arena
+
+    def timed_hook(pg, bucket):
+        if not calls["on"] or pg.getSize() == 1:
+            return plain_hook(pg, bucket)
+        t0 = time.perf_counter()
+        fut = plain_hook(pg, bucket)
+        fut.wait()
+        calls["s"].append(time.perf_counter() - t0)
+        calls["sizes"].append((bucket.buffer().numel(), str(bucket.buffer().dtype)))
+        calls["pg"] = pg
+        return fut
+    _torch_ddp.allreduce_hook = timed_hook  # given to the DDP models at their first forward
     g = torch.Generator().manual_seed(rank)
     data = [(torch.rand(a.batch, 1, 8, 8, generator=g), torch.randint(0, 10, (a.batch,), generator=g))
             for _ in range(16)]

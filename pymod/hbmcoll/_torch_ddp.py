@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from . import log
 from ._torch_backend import ProcessGroupHbmcoll
+from ._torch_tensors import _NATIVE
 from .errors import ArgumentError
 
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # torch >= 2.4
@@ -50,6 +51,8 @@ def _core_of(pg):
 def move_to_arena(t, core, rank=0):
     """Move the storage of tensor t into core's shared arena in place (contents kept); every
     tensor sharing the storage follows. True if it lives there now."""
+    if t.data_ptr() in _in_arena:  # a bucket is a whole storage: this is its address
+        return True
     st = t.untyped_storage()
     ptr, n = st.data_ptr(), st.nbytes()
     if ptr in _in_arena:
@@ -76,21 +79,26 @@ def allreduce_hook(process_group, bucket):
     pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     buf = bucket.buffer()
     core = _core_of(pg)
-    if core is not None:
-        move_to_arena(buf, core, pg.rank())
+    if core is None:  # another backend, or across nodes: as torch's own allreduce_hook
+        buf.div_(pg.size())
+        return dist.all_reduce(buf, group=pg, async_op=True).get_future().then(_first)
+    move_to_arena(buf, core, pg.rank())
+    if buf.dtype not in _NATIVE:  # the backend adapts it (as DDP's own call would be)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG
-        opts.asyncOp = True
-        work = pg.allreduce([buf], opts)
-    else:  # another backend, or across nodes: as torch's own allreduce_hook
-        buf.div_(pg.size())
-        work = dist.all_reduce(buf, group=pg, async_op=True)
-    fut = work.get_future()
-    if fut.done():
-        done = torch.futures.Future()
-        done.set_result(buf)
-        return done
-    return fut.then(lambda f: f.value()[0])
+        return pg.allreduce([buf], opts).get_future().then(_first)
+    # the backend's common case, without its options and Work: DDP calls this once per
+    # bucket with caches cold from the backward pass, where every step costs microseconds
+    if pg._inline:
+        pg.comm.allreduce(buf, "avg")
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+    return pg._start(pg.comm.iallreduce(buf, "avg"), None, [buf]).get_future().then(_first)
+
+
+def _first(fut):
+    return fut.value()[0]
 
 
 def _enabled():
