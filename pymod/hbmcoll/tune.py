@@ -16,6 +16,7 @@ thresholds depend on each other). Measured now:
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
   where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
   loses for bcast, whose staged root returns while the receivers copy;
+- HBMCOLL_CMA_MIN: from which size those collectives copy once (measured on them only);
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
 - HBMCOLL_REP_MOVSB_MIN: from which size plain copies use `rep movsb` rather than memcpy ("auto":
   1M on AMD Zen 5 and later, where it was measured to pay, else never);
@@ -45,16 +46,20 @@ import time
 
 CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
               "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
+              "HBMCOLL_CMA_MIN": ["64K", "128K", "256K", "512K", "1M"],
               "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
               "HBMCOLL_REP_MOVSB_MIN": ["auto", "off", "256K", "1M"],
               "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"],
               "HBMCOLL_PUSH_MIN": ["auto", "256K", "1M", "4M"],
               "HBMCOLL_PUSH_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
-DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_SLOT_BYTES": "256K",
+DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_CMA_MIN": "256K",
+            "HBMCOLL_SLOT_BYTES": "256K",
             "HBMCOLL_REP_MOVSB_MIN": "auto",
             "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto", "HBMCOLL_PUSH_STREAM_MIN": "auto"}
 CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 32768, 65536, 131072)),
          "HBMCOLL_CMA": (("bcast", "gather"), (1 << 20, 4 << 20)),
+         # on the collectives the CMA choice gave single copy (none: not measured)
+         "HBMCOLL_CMA_MIN": ((), (64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20)),
          "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
          "HBMCOLL_REP_MOVSB_MIN": (("bcast", "gather"), (1 << 20, 4 << 20)),
          # allreduce only: with a gather's single copy chosen, and bcast's receivers streaming or
@@ -62,6 +67,7 @@ CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 3
          "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (256 << 10, 1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
+CMA_COLLS = {"0": (), "gather": ("gather",), "bcast": ("bcast",), "1": ("bcast", "gather")}
 NOISE = 1.05
 _applied = None
 
@@ -151,6 +157,10 @@ def _worker(rounds):
     got = {}
     for var, values in CANDIDATES.items():
         colls, sizes = CASES[var]
+        if var == "HBMCOLL_CMA_MIN":
+            colls = CMA_COLLS[os.environ["HBMCOLL_CMA"]]
+            if not colls:  # no single copy here: its threshold changes nothing
+                continue
         for value in values:
             os.environ[var] = value
             comm = hbmcoll.init()
