@@ -436,6 +436,18 @@ def init_torch(comm, port, use_env=True):
     return dist, gloo
 
 
+_KEPT_GROUPS = []
+
+
+def destroy_torch(dist):
+    """dist.destroy_process_group(), keeping the group objects alive until the rank's os._exit:
+    freeing a gloo group from Python's thread can deadlock in torch 2.13 (~ProcessGroupGloo
+    joins its run-loop thread while holding the GIL, and that thread may need the GIL to drop a
+    Python object; seen once in some 40 runs of a test whose DDP model held the last reference)."""
+    _KEPT_GROUPS.extend(dist.distributed_c10d._world.pg_map)
+    dist.destroy_process_group()
+
+
 # ---- leak checks (failure tests) ------------------------------------------------------------------
 
 def hbmcoll_files():

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from ranks import free_port, init_torch
+from ranks import destroy_torch, free_port, init_torch
 
 torch = pytest.importorskip("torch")
 
@@ -375,7 +375,7 @@ def rank_collectives(comm, port):
         mismatch = "no error"
     except hbmcoll.MismatchError:
         mismatch = "MismatchError"
-    dist.destroy_process_group()
+    destroy_torch(dist)
     return {"fails": check.fails, "checked": check.count, "errs": errs, "mismatch": mismatch}
 
 
@@ -408,7 +408,7 @@ def rank_inline_works(comm, port):
     got += [w.wait(timeout=timedelta(seconds=1)), [float(o[0]) for o in outs] == list(map(float, range(P)))]
     w = dist.barrier(async_op=True)
     got += [w.wait(timeout=timedelta(seconds=1)), w.get_future().done()]
-    dist.destroy_process_group()
+    destroy_torch(dist)
     return got
 
 

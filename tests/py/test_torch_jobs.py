@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ranks import PYMOD, REPO, free_port, init_torch
+from ranks import PYMOD, REPO, destroy_torch, free_port, init_torch
 
 torch = pytest.importorskip("torch")
 
@@ -158,7 +158,7 @@ def rank_training(comm, port):
     out["allreduce_grad"] = x.grad.tolist()
     out["object"] = hvd.broadcast_object({"r": r}, root_rank=1)
     out["objects"] = hvd.allgather_object(r * 10)
-    dist.destroy_process_group()
+    destroy_torch(dist)
     return out
 
 
@@ -205,49 +205,6 @@ def test_ddp_and_optimizer_match_gloo(run_ranks, inline):
         arena = out["ddp_arena"]
         assert arena["hooks"] == ["allreduce_hook"] and all(arena["grads_in_arena"]), arena
         assert "register yours before the first forward" in arena["late"], arena
-
-
-def rank_ddp_private(comm, port):
-    """DDP over hbmcoll whose buckets stay in private memory (HBMCOLL_TORCH_DDP_ARENA=0, or an
-    arena too small): the same weights as over gloo, and the reason said in one line."""
-    import logging
-
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from hbmcoll import _torch_ddp
-
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda rec: lines.append(rec.getMessage())
-    logging.getLogger("hbmcoll").addHandler(handler)
-    dist, gloo = init_torch(comm, port)
-    pg = dist.distributed_c10d._get_default_group()
-    batches = _batches(dist.get_rank(), 4)
-    got = []
-    for group in (pg, gloo):
-        m = DDP(_model(1), process_group=group, gradient_as_bucket_view=True)
-        got.append(_train(m, torch.optim.SGD(m.parameters(), lr=0.1), batches))
-        hooks = [h.__qualname__ for h, _ in m._comm_hooks]
-        in_arena = [p.grad.untyped_storage().data_ptr() in _torch_ddp._in_arena
-                    for p in m.parameters()]
-    diff = max(float((x - y).abs().max()) for x, y in zip(*got))
-    dist.destroy_process_group()
-    return {"diff": diff, "hooks": hooks if group is pg else None, "lines": lines,
-            "in_arena": any(in_arena)}
-
-
-@pytest.mark.parametrize("env", [{"HBMCOLL_TORCH_DDP_ARENA": "0"},
-                                 {"HBMCOLL_ARENA_BYTES": "4K"}], ids=["off", "full"])
-def test_ddp_buckets_stay_private_when_told_or_full(run_ranks, env):
-    res = run_ranks(2, rank_ddp_private, free_port(), timeout=120, env=env)
-    for out in res:
-        assert out["diff"] <= 2e-5, out
-        assert not out["in_arena"], out
-    said = [line for line in res[0]["lines"] if "DDP bucket" in line]
-    if "HBMCOLL_TORCH_DDP_ARENA" in env:
-        assert not said
-    else:
-        assert len(said) == 1 and "HBMCOLL_ARENA_BYTES" in said[0], res[0]["lines"]
 
 
 # ---- failures ------------------------------------------------------------------------------------
