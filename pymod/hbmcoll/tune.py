@@ -9,7 +9,8 @@ on one Xeon VM loses above 16 KiB on an EPYC one). For each candidate value the 
 communicator with it and time bcast, gather and allreduce of NumPy buffers around the sizes it
 decides (the slowest rank's time, best of --rounds); the value with the least geometric mean of
 time over the best candidate's, size by size, is kept unless the default is within 5% of it
-(noise). The variables are measured in turn, each with the choices before it applied (the push
+(noise). For a threshold, candidates that put a size on the same side of it take the same path
+there, and share the median of their times at that size. The variables are measured in turn, each with the choices before it applied (the push
 thresholds depend on each other). Measured now:
 
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
@@ -40,6 +41,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -175,12 +177,63 @@ def _worker(rounds):
         print("TUNED " + json.dumps(got), flush=True)
 
 
+# thresholds whose effect at a size depends only on the side of it the size lies: "le", a
+# size up to the threshold takes the path; "ge", from the threshold on
+SIDES = {"HBMCOLL_SMALL_MAX": "le", "HBMCOLL_CMA_MIN": "ge", "HBMCOLL_STREAM_MIN": "ge",
+         "HBMCOLL_PUSH_MIN": "ge", "HBMCOLL_PUSH_STREAM_MIN": "ge"}
+HALF_LLC_AUTO = ("HBMCOLL_STREAM_MIN", "HBMCOLL_PUSH_MIN", "HBMCOLL_PUSH_STREAM_MIN")
+
+
+def _llc_bytes():
+    """The largest CPU cache, as the C core reads it (param.c), or None."""
+    best = 0
+    for i in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KM")) * scale)
+    return best or None
+
+
+def _threshold_bytes(var, value):
+    """A candidate's threshold in bytes ("auto" as the core resolves it), or None."""
+    if value == "auto":
+        llc = _llc_bytes() if var in HALF_LLC_AUTO else None
+        return llc // 2 if llc else None
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:], 1)
+    return int(value.rstrip("KMG")) * scale
+
+
+def _pooled(var, runs, cases):
+    """For a threshold, the candidates that put a case's size on the same side take the same
+    path there: the same measurement repeated. Each gets the median of its side's times, so
+    the choice rests on the paths' difference, not on noise between equal candidates (a 10%
+    scatter at 1 MiB once outvoted streaming's 20% gain at 16 MiB)."""
+    side = SIDES.get(var)
+    limit = {v: _threshold_bytes(var, v) for v in runs} if side else {}
+    if not side or None in limit.values():
+        return runs
+    out = {v: dict(r) for v, r in runs.items()}
+    for case in cases:
+        size = int(case.split()[-1])
+        taken = {v: size <= limit[v] if side == "le" else size >= limit[v] for v in runs}
+        for group in (True, False):
+            members = sorted((runs[v][case], v) for v in runs if taken[v] == group)
+            for _, v in members:
+                out[v][case] = statistics.median(t for t, _ in members)
+    return out
+
+
 def _choose_one(var, runs):
     """(value, why) for one variable from {candidate: {case: seconds}}."""
     values = CANDIDATES[var]
     if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
         return "0", "single copy does not work here"
     cases = [k for k in runs[values[0]] if k != "works"]
+    runs = _pooled(var, runs, cases)
     best = {k: min(runs[v][k] for v in values) for k in cases}
     score = {v: math.exp(sum(math.log(runs[v][k] / best[k]) for k in cases) / len(cases)) for v in values}
     top = min(score, key=score.get)

@@ -62,19 +62,35 @@ def test_tune_measures_caches_and_init_applies_it(tmp_path):
 
 
 def test_the_choice_is_the_measured_best_unless_the_default_is_as_good():
-    def runs(times):  # candidate -> time of every case (one case per size)
-        return {f"HBMCOLL_SMALL_MAX={v}": {"bcast 4096": t, "bcast 65536": t * 2} for v, t in times.items()}
+    def runs(times):  # candidate -> (time at 4 KiB, eager for all; time at 64 KiB)
+        return {f"HBMCOLL_SMALL_MAX={v}": {"bcast 4096": a, "bcast 65536": b} for v, (a, b) in times.items()}
     def cma_runs(times):  # single copy pays for gather and not for bcast, as on the Xeon VM
         return {f"HBMCOLL_CMA={v}": {"bcast 1048576": b, "gather 1048576": g, "works": True}
                 for v, (b, g) in times.items()}
     cma = cma_runs({"0": (1.0, 2.0), "gather": (1.0, 1.0), "bcast": (1.6, 2.0), "1": (1.6, 1.0)})
-    fast64 = runs({"8K": 3.0, "16K": 2.0, "32K": 2.0, "64K": 1.0, "128K": 1.5})
+    fast64 = runs({"8K": (1.0, 2.0), "16K": (1.1, 2.1), "32K": (1.0, 1.9), "64K": (1.0, 1.0), "128K": (0.9, 1.0)})
     assert {k: v for k, (v, _) in tune.choose(dict(fast64, **cma)).items()} == {
         "HBMCOLL_SMALL_MAX": "64K", "HBMCOLL_CMA": "gather"}
-    close = runs({"8K": 3.0, "16K": 1.03, "32K": 2.0, "64K": 1.0, "128K": 1.5})  # within the noise
+    close = runs({"8K": (1.0, 1.03), "16K": (1.0, 1.03), "32K": (1.0, 1.03), "64K": (1.0, 1.0),
+                  "128K": (1.0, 1.0)})  # eager at 64 KiB wins by less than the noise
     cma["HBMCOLL_CMA=1"]["works"] = False  # a container without process_vm_readv
     choice = tune.choose(dict(close, **cma))
     assert choice["HBMCOLL_SMALL_MAX"][0] == "16K" and choice["HBMCOLL_CMA"] == ("0", "single copy does not work here")
+
+
+def test_a_threshold_is_chosen_from_its_paths_not_from_noise_between_equal_candidates(monkeypatch):
+    """The Xeon VM's STREAM_MIN measurement of 2026-11-26 (us; "auto" is 240 MiB there, so it
+    never streams): at 1 MiB no candidate but 1M streams, and their times scatter by 15%; at
+    16 MiB streaming wins by 20%. Scored candidate by candidate, the scatter kept "auto" (and
+    the suite's 16 MiB allreduce missed its target); pooled by path, 4M wins."""
+    monkeypatch.setattr(tune, "_llc_bytes", lambda: 480 << 20)
+    measured = {"auto": (146.4, 762.2, 4345.0), "1M": (195.0, 758.0, 3707.5),
+                "4M": (167.8, 755.6, 3582.3), "16M": (160.8, 801.8, 3599.7)}
+    runs = {f"HBMCOLL_STREAM_MIN={v}": {f"allreduce {z}": t * 1e-6 for z, t in zip((1 << 20, 4 << 20, 16 << 20), ts)}
+            for v, ts in measured.items()}
+    assert tune.choose(runs)["HBMCOLL_STREAM_MIN"][0] == "4M"
+    monkeypatch.setattr(tune, "SIDES", {})
+    assert tune.choose(runs)["HBMCOLL_STREAM_MIN"][0] == "auto"
 
 
 def test_ranks_with_different_thresholds_still_choose_alike(tmp_path):
