@@ -30,7 +30,7 @@ from ._torch_tensors import _NATIVE
 from .errors import ArgumentError
 
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # torch >= 2.4
-_in_arena = set()  # data_ptr of storages moved into an arena (addresses no malloc returns)
+_in_arena = {}  # data_ptr of a storage moved into an arena -> id of that arena's communicator
 _said = set()      # the one-line notices given, once per process
 _auto_handle = None
 
@@ -51,11 +51,11 @@ def _core_of(pg):
 def move_to_arena(t, core, rank=0):
     """Move the storage of tensor t into core's shared arena in place (contents kept); every
     tensor sharing the storage follows. True if it lives there now."""
-    if t.data_ptr() in _in_arena:  # a bucket is a whole storage: this is its address
+    if _in_arena.get(t.data_ptr()) == id(core):  # a bucket is a whole storage: its address
         return True
     st = t.untyped_storage()
     ptr, n = st.data_ptr(), st.nbytes()
-    if ptr in _in_arena:
+    if _in_arena.get(ptr) == id(core):
         return True
     if not _SWAP or n == 0:
         return False
@@ -68,7 +68,7 @@ def move_to_arena(t, core, rank=0):
     block = torch.frombuffer(raw, dtype=torch.uint8, count=n).untyped_storage()  # owns raw
     block.copy_(st)
     st._swap_data_ptr_(block)  # st now owns the arena block; block the old memory (freed with it)
-    _in_arena.add(st.data_ptr())
+    _in_arena[st.data_ptr()] = id(core)  # while core lives, no malloc returns this address
     return True
 
 
