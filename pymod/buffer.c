@@ -2,7 +2,7 @@
  * buffer.c - turn a Python object into (pointer, bytes, dtype) without a copy:
  * the buffer protocol (NumPy, bytearray, memoryview) first, then DLPack
  * (`__dlpack__`, which torch tensors have, bfloat16 included); plain NumPy
- * arrays take a shorter way first (numpy_fast.c). Runs with the
+ * arrays and torch tensors take a shorter way first (numpy_fast.c, torch_fast.c). Runs with the
  * GIL held; the collective then uses only the C fields.
  */
 #include "core.h"
@@ -106,6 +106,7 @@ fail:
 int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b) {
   memset(b, 0, sizeof *b);
   if (hb_np_get(obj, writable, b) == 0) return 0;
+  if (hb_torch_get(obj, b) == 0) return 0;
   if (PyObject_CheckBuffer(obj)) {
     int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {

@@ -51,6 +51,7 @@ void hb_buf_release(hb_buf_t *b);
 /* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */
 int hb_np_init(void); /* 1: plain NumPy arrays take the shortcut (numpy_fast.c) */
 int hb_np_get(PyObject *obj, int writable, hb_buf_t *b);
+int hb_torch_get(PyObject *obj, hb_buf_t *b); /* 0: a plain torch CPU tensor (torch_fast.c) */
 
 /* errors.c: raise the hbmcoll.errors exception of a libcoll code (text NULL: the code's own);
  * returns NULL */

@@ -270,6 +270,31 @@ def buffers_rank(comm):
     comm.allreduce(view)
     chk.true(torch.equal(base[3:8], torch.full((5,), float(P * (P + 1) // 2))) and
              not base[:3].any() and not base[8:].any(), f"torch view with offset: {base}")
+    # every dtype through torch's short way in (torch_fast.c), against NumPy's
+    for dt in (torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32,
+               torch.float64):
+        for op in ("sum", "max"):  # values that tell the dtypes apart (sign, float bits)
+            v = (torch.arange(5) * 37 + me * 100 + 20) % 250
+            t = (v * ((1 << 23) + 1) if dt in (torch.int32, torch.int64) else v).to(dt)
+            n = t.numpy().copy()
+            comm.allreduce(t, op)
+            comm.allreduce(n, op)
+            chk.true(np.array_equal(t.numpy(), n), f"torch {dt} {op} against NumPy: {t} {n}")
+    # what the short way declines goes the general way: the same errors and results as before
+    for bad, err in ((torch.ones(3, requires_grad=True), BufferError),
+                     (torch.ones(4, 4).t(), BufferError), (torch.ones(2, dtype=torch.complex64), TypeError)):
+        try:
+            comm.allreduce(bad)
+            chk.true(False, f"torch {bad!r} was taken")
+        except err:
+            pass
+
+    class Sub(torch.Tensor):
+        pass
+    sub = torch.full((3,), float(me)).as_subclass(Sub)
+    comm.allreduce(sub)
+    chk.true(torch.equal(sub.as_subclass(torch.Tensor), torch.full((3,), float(sum(range(P))))),
+             f"torch subclass: {sub}")
     # mixed kinds across ranks: the same dtype, different containers
     x = torch.full((6,), float(me)) if me % 2 else np.full(6, float(me), np.float32)
     comm.allreduce(x)
