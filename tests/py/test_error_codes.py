@@ -105,15 +105,15 @@ def test_segment_beyond_the_address_space_limit_is_said():
     assert "HBMCOLL_ARENA_BYTES" in res.stderr, res.stderr
 
 
-def test_malformed_torch_inline_is_refused():
+@pytest.mark.parametrize("var", ["HBMCOLL_TORCH_INLINE", "HBMCOLL_TORCH_DDP_ARENA"])
+def test_malformed_torch_variable_is_refused(var):
     torch = pytest.importorskip("torch")  # noqa: F841
     code = ("import hbmcoll.torch, torch.distributed as dist\n"
             "dist.init_process_group('hbmcoll', init_method='tcp://127.0.0.1:%d', rank=0, "
             "world_size=1)\n" % ranks.free_port())
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=_env(HBMCOLL_TORCH_INLINE="maybe"))
-    assert res.returncode != 0 and "HBMCOLL_TORCH_INLINE='maybe' is not valid" in res.stderr, \
-        res.stderr
+                         env=_env(**{var: "maybe"}))
+    assert res.returncode != 0 and f"{var}='maybe' is not valid" in res.stderr, res.stderr
 
 
 def test_hbm_bind_fallback_is_printed():
