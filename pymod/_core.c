@@ -191,16 +191,10 @@ int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op
   if (kind == COLL_BARRIER) return 0;
   int is_root = rank == root;
   int want_send = send != Py_None, want_recv = recv != Py_None;
-  if (want_send && want_recv && send == recv) { /* in place: one look at the buffer */
-    if (hb_buf_get(recv, 1, "buf", rb) != 0) goto fail;
-    *sb = *rb;
-    sb->has_view = 0; /* rb releases the view */
-    Py_XINCREF(sb->capsule);
-    Py_XINCREF(sb->owner);
-  } else {
-    if (want_send && hb_buf_get(send, 0, "buf", sb) != 0) goto fail;
-    if (want_recv && hb_buf_get(recv, 1, kind == COLL_BCAST ? "buf" : "out", rb) != 0) goto fail;
-  }
+  int same = want_send && want_recv && send == recv; /* in place: one look at the buffer */
+  if (want_send && !same && hb_buf_get(send, 0, "buf", sb) != 0) goto fail;
+  if (want_recv && hb_buf_get(recv, 1, kind == COLL_BCAST || same ? "buf" : "out", rb) != 0) goto fail;
+  if (same) hb_buf_alias(sb, rb);
   size_t scount = 0, rcount = 0;
   if (want_send && hb_elems(self->state, sb, "buf", &scount) != 0) goto fail;
   if (want_recv && hb_elems(self->state, rb, "out", &rcount) != 0) goto fail;

@@ -139,6 +139,13 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b) {
   return -1;
 }
 
+void hb_buf_alias(hb_buf_t *b, const hb_buf_t *of) {
+  *b = *of;
+  b->has_view = 0; /* `of` releases the view */
+  Py_XINCREF(b->capsule);
+  Py_XINCREF(b->owner);
+}
+
 void hb_buf_release(hb_buf_t *b) {
   if (b->has_view) PyBuffer_Release(&b->view);
   b->has_view = 0;

@@ -47,6 +47,7 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
  * thread) when one raised, e.g. KeyboardInterrupt on Ctrl-C. */
 int hb_interrupt(void *arg);
 void hb_buf_release(hb_buf_t *b);
+void hb_buf_alias(hb_buf_t *b, const hb_buf_t *of); /* b: the same buffer as of, held again */
 
 /* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */
 int hb_np_init(void); /* 1: plain NumPy arrays take the shortcut (numpy_fast.c) */
