@@ -62,19 +62,28 @@ BACKEND = "hbmcoll"
 
 
 
-def _inline_policy():
-    """Run async collectives in the caller's thread? HBMCOLL_TORCH_INLINE=1/0; by default
-    (auto) yes when this process may run on one CPU only (a share of one core): then
-    nothing can overlap with the collective, and handing it to hbmcoll's progress thread and
-    back only adds context switches on that CPU."""
-    raw = os.environ.get("HBMCOLL_TORCH_INLINE", "")
+def env_switch(name):
+    """An HBMCOLL_* switch: True (1, yes, true, on), False (0, no, false, off), or None (unset,
+    auto); anything else is an error on every rank."""
+    raw = os.environ.get(name, "")
     v = raw.strip().lower()
     if v in ("1", "yes", "true", "on"):
         return True
     if v in ("0", "no", "false", "off"):
         return False
     if v not in ("", "auto"):
-        raise ArgumentError(f"HBMCOLL_TORCH_INLINE={raw!r} is not valid: one of 1, 0, auto")
+        raise ArgumentError(f"{name}={raw!r} is not valid: one of 1, 0, auto")
+    return None
+
+
+def _inline_policy():
+    """Run async collectives in the caller's thread? HBMCOLL_TORCH_INLINE=1/0; by default
+    (auto) yes when this process may run on one CPU only (a share of one core): then
+    nothing can overlap with the collective, and handing it to hbmcoll's progress thread and
+    back only adds context switches on that CPU."""
+    chosen = env_switch("HBMCOLL_TORCH_INLINE")
+    if chosen is not None:
+        return chosen
     try:
         return len(os.sched_getaffinity(0)) == 1
     except (AttributeError, OSError):
@@ -161,12 +170,19 @@ class ProcessGroupHbmcoll(dist.ProcessGroup):
         if op is not None and t.dtype in _NATIVE and t.is_contiguous() and not t.requires_grad \
                 and t.device.type == "cpu":
             # the common case: in place on the caller's tensor, nothing to copy
-            if self._inline or (opts is not None and not opts.asyncOp):
-                self.comm.allreduce(t, op)
-                return Done(tensors)
-            return self._start(self.comm.iallreduce(t, op), None, tensors)
+            w = self._allreduce_native(t, op, tensors, opts)
+            return Done(tensors) if w is None else w
         self._one(tensors, "allreduce")
         return self._reduce_general(opts, t, tensors, redop)
+
+    def _allreduce_native(self, t, op, result, opts=None):
+        """hbmcoll's allreduce in place on t, a tensor it takes as it is: run now (returns
+        None) or started (returns its Work, whose value is result). DDP's comm hook calls
+        this too (_torch_ddp.py)."""
+        if self._inline or (opts is not None and not opts.asyncOp):
+            self.comm.allreduce(t, op)
+            return None
+        return self._start(self.comm.iallreduce(t, op), None, result)
 
     def _reduce_general(self, opts, t, tensors, redop, root=None):
         plan = _RedPlan(t.dtype, redop)

@@ -19,13 +19,12 @@ private memory too, with one line saying so.
 """
 import functools
 import logging
-import os
 
 import torch
 import torch.distributed as dist
 
 from . import log
-from ._torch_backend import ProcessGroupHbmcoll
+from ._torch_backend import ProcessGroupHbmcoll, env_switch
 from ._torch_tensors import _NATIVE
 from .errors import ArgumentError
 
@@ -87,28 +86,19 @@ def allreduce_hook(process_group, bucket):
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG
         return pg.allreduce([buf], opts).get_future().then(_first)
-    # the backend's common case, without its options and Work: DDP calls this once per
-    # bucket with caches cold from the backward pass, where every step costs microseconds
-    if pg._inline:
-        pg.comm.allreduce(buf, "avg")
-        fut = torch.futures.Future()
-        fut.set_result(buf)
-        return fut
-    return pg._start(pg.comm.iallreduce(buf, "avg"), None, [buf]).get_future().then(_first)
+    # the backend's common case, without its options and Work when it runs now: DDP calls
+    # this once per bucket with caches cold from the backward pass, where every step costs
+    # microseconds
+    work = pg._allreduce_native(buf, "avg", [buf])
+    if work is not None:
+        return work.get_future().then(_first)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
 
 
 def _first(fut):
     return fut.value()[0]
-
-
-def _enabled():
-    raw = os.environ.get("HBMCOLL_TORCH_DDP_ARENA", "")
-    v = raw.strip().lower()
-    if v in ("", "1", "yes", "true", "on"):
-        return True
-    if v in ("0", "no", "false", "off"):
-        return False
-    raise ArgumentError(f"HBMCOLL_TORCH_DDP_ARENA={raw!r} is not valid: 1 or 0")
 
 
 def _at_forward(module, args):
@@ -141,5 +131,5 @@ def _late_hook(module, *args, **kwargs):
 def install():
     """Watch for DDP models over hbmcoll groups (called when the first hbmcoll group is made)."""
     global _auto_handle
-    if _auto_handle is None and _enabled():
+    if _auto_handle is None and env_switch("HBMCOLL_TORCH_DDP_ARENA") is not False:
         _auto_handle = torch.nn.modules.module.register_module_forward_pre_hook(_at_forward)
