@@ -21,6 +21,7 @@ threads the binding's plan gives instead, for both backends), pinning (hbmcoll-r
 --bind share) applies to both backends alike, and the data, model and step count are identical.
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -139,32 +140,26 @@ def worker(a):
     opts["compute"] = torch.optim.SGD(models["compute"].parameters(), lr=0.01, momentum=0.9)
     # hbmcoll's allreduce calls, timed where DDP makes them (inline: they run in the call)
     calls = {"on": False, "s": [], "sizes": [], "pg": None}
-    plain_allreduce = ProcessGroupHbmcoll.allreduce
 
-    def timed_allreduce(self, tensors, opts=None):
-        if not calls["on"] or self.getSize() == 1:  # the no-peer model's group: not timed
-            return plain_allreduce(self, tensors, opts)
-        t0 = time.perf_counter()
-        w = plain_allreduce(self, tensors, opts)
-        w.wait()
-        calls["s"].append(time.perf_counter() - t0)
-        calls["sizes"].append((tensors[0].numel(), str(tensors[0].dtype)))
-        calls["pg"] = self
-        return w
-    ProcessGroupHbmcoll.allreduce = timed_allreduce
-    plain_hook = _torch_ddp.allreduce_hook  # DDP's calls when its buckets live in the arena
-
-    def timed_hook(pg, bucket):
-        if not calls["on"] or pg.getSize() == 1:
-            return plain_hook(pg, bucket)
-        t0 = time.perf_counter()
-        fut = plain_hook(pg, bucket)
-        fut.wait()
-        calls["s"].append(time.perf_counter() - t0)
-        calls["sizes"].append((bucket.buffer().numel(), str(bucket.buffer().dtype)))
-        calls["pg"] = pg
-        return fut
-    _torch_ddp.allreduce_hook = timed_hook  # given to the DDP models at their first forward
+    def timed(call, tensor_of):
+        """call(pg, x, ...), timed on groups with a peer; tensor_of(x): what it allreduces."""
+        @functools.wraps(call)  # its signature: DDP checks a hook's
+        def wrapper(pg, x, *rest):
+            if not calls["on"] or pg.getSize() == 1:  # the no-peer model's group: not timed
+                return call(pg, x, *rest)
+            t0 = time.perf_counter()
+            done = call(pg, x, *rest)
+            done.wait()
+            calls["s"].append(time.perf_counter() - t0)
+            t = tensor_of(x)
+            calls["sizes"].append((t.numel(), str(t.dtype)))
+            calls["pg"] = pg
+            return done
+        return wrapper
+    # DDP's calls: through its comm hook when its buckets live in the arena (given to the
+    # models at their first forward), else the backend's allreduce
+    ProcessGroupHbmcoll.allreduce = timed(ProcessGroupHbmcoll.allreduce, lambda tensors: tensors[0])
+    _torch_ddp.allreduce_hook = timed(_torch_ddp.allreduce_hook, lambda bucket: bucket.buffer())
     g = torch.Generator().manual_seed(rank)
     data = [(torch.rand(a.batch, 1, 8, 8, generator=g), torch.randint(0, 10, (a.batch,), generator=g))
             for _ in range(16)]
