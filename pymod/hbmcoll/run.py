@@ -57,7 +57,7 @@ def _sibling(name):
 
 launch_env = _sibling("launch_env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-VALUE_OPTS = {"-n", "--np", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
+VALUE_OPTS = {"-n", "--np", "--nproc-per-node", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
               "--memservers", "--memserver-capacity"}
 PR_SET_PDEATHSIG = 1
 
@@ -109,9 +109,11 @@ def _parser():
     p = argparse.ArgumentParser(
         prog="hbmcoll-run",
         usage="%(prog)s -n N [options] (prog [args...] | -m module [args...])",
-        description="Start N ranks of a program on this node for hbmcoll (and torch.distributed).")
-    p.add_argument("-n", "--np", dest="n", type=int, required=True, metavar="N",
-                   help="number of ranks")
+        description="Start N ranks of a program on this node for hbmcoll (and torch.distributed); "
+                    "with --nnodes K, run it on each of the K nodes: the job has K x N ranks.")
+    p.add_argument("-n", "--np", "--nproc-per-node", dest="n", type=int, required=True, metavar="N",
+                   help="ranks on this node (torchrun's --nproc-per-node; mpiexec's -n is the "
+                        "job's total, this is per node)")
     words = _policy_words()
     p.add_argument("--bind", choices=words["bind"],
                    help="pinning (HBMCOLL_BIND): share (default: each rank its share of its "

@@ -236,6 +236,16 @@ report(torch=[int(e[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WOR
     assert keys[0] != keys[1] and keys[0].startswith(f"u{UID}.key.")
 
 
+@pytest.mark.parametrize("opts", [["--nproc-per-node", "3"], ["--nproc-per-node=3"], ["--np", "3"]])
+def test_torchruns_name_for_ranks_per_node(tmp_path, opts):
+    prog = script(tmp_path, "report()\n")
+    r = hbmrun(opts, [prog])
+    assert r.returncode == 0, r.stderr
+    assert sorted(d["rank"] for d in reports(r.stdout)) == [0, 1, 2]
+    help_text = hbmrun(["--help"], []).stdout
+    assert "--nproc-per-node" in help_text and "per node" in help_text
+
+
 def test_exit_code_of_failing_rank(tmp_path):
     prog = script(tmp_path, "sys.exit(3 if launch_env.detect().rank == 1 else 0)\n")
     r = hbmrun(["-n", "3"], [prog])
