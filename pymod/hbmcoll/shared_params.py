@@ -31,6 +31,10 @@ class SharedParameters:
     def __init__(self, n, servers=None, token=None, name="parameters", staleness=None, timeout=300):
         self.staleness, self.timeout, self.steps = staleness, timeout, 0
         self.buffer = RemoteBuffer(name, (n,), "float32", servers=servers, token=token, timeout=timeout)
+        # [workers that started, workers that finished]: finish() waits for the two to meet, so
+        # every worker ends on the same parameters
+        self.members = RemoteBuffer(name + "/members", (2,), "int32", servers=servers, token=token,
+                                    timeout=timeout)
         self.iters = None
         if staleness is not None:
             self.iters = RemoteBuffer(name + "/steps", (MAX_WORKERS + 1,), "int32", servers=servers, token=token,
@@ -43,6 +47,7 @@ class SharedParameters:
             if self.buffer.version == 0:
                 self.buffer.write(flat)
         self.buffer.read(out=flat)
+        self.members.accumulate(np.array([1, 0], np.int32))
         self._base = np.array(flat, np.float32)  # what the overlapped exchange counts changes from
         if self.iters is not None:
             # Slot 0 counts the slots taken; the lock orders the joins. The join adds to slot 0
@@ -108,11 +113,23 @@ class SharedParameters:
         one[self.slot if slot is None else slot] = k
         self.iters.accumulate(one)
 
-    def finish(self, flat=None):
-        """This worker trains no more: with an overlapped exchange (flat given), the change not yet
-        pushed goes out; with a staleness bound, the others stop waiting for it."""
-        if flat is not None:
+    def finish(self, flat, overlapped=False):
+        """This worker trains no more: its change not yet pushed goes out (overlapped), the others
+        stop waiting for it (with a staleness bound), and once every worker that started has
+        finished, flat becomes the shared parameters: every worker ends on the same model."""
+        if overlapped:
             self.merge(flat)
             self.buffer.accumulate(flat - self._base)
         if self.iters is not None:
             self._count(1 << 30)
+        self.members.accumulate(np.array([0, 1], np.int32))
+        until = time.monotonic() + self.timeout
+        while True:
+            started, finished = (int(v) for v in self.members.read())
+            if finished >= started:
+                break
+            if time.monotonic() > until:
+                raise TimeoutError(f"parameter sharing: {started - finished} of {started} workers had not "
+                                   f"finished after {self.timeout} s; this worker keeps its own parameters")
+            time.sleep(0.005)
+        self.buffer.read(out=flat)

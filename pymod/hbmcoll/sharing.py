@@ -33,6 +33,12 @@ from .shared_params import SharedParameters, check_mode
 
 
 class ParameterSharing:
+    """A torch model's parameters shared through memory servers, asynchronously (mode="async") or
+    allreduced inside a group and asynchronous between groups (mode="hybrid"); the module's text
+    says how. Call step() in place of optimizer.step() and finish() once at the end. servers and
+    token default to HBMCOLL_MEMSERVERS and HBMCOLL_TOKEN; name tells jobs' buffers apart; a
+    wait on the servers longer than timeout seconds raises TimeoutError."""
+
     def __init__(self, model, optimizer, mode="async", servers=None, staleness=None, name="parameters",
                  token=None, group=None, timeout=300, overlap=None):
         self.overlap = check_mode(mode, staleness, overlap)
@@ -117,10 +123,15 @@ class ParameterSharing:
                 self.group.bcast(self.flat, root=0)
 
     def finish(self):
-        """This worker trains no more: the others stop waiting for it (with a staleness bound),
-        and the group's communicator closes if this made it (every rank of the job calls it)."""
+        """This worker trains no more (every rank of the job calls it). Its last change goes to the
+        servers, the others stop waiting for it (with a staleness bound), and when every worker
+        that started has finished, every worker's model holds the servers' final parameters: the
+        same on every rank, so any rank's model is the one to checkpoint. The group's communicator
+        closes if this made it."""
         if self.shared is not None:
-            self.shared.finish(self.flat.numpy() if self.overlap else None)
+            self.shared.finish(self.flat.numpy(), overlapped=self.overlap)
+        if self.group is not None:
+            self.group.bcast(self.flat, root=0)
         if self._made is not None:
             self._made.close()
             self._made = None

@@ -18,6 +18,10 @@ from .shared_params import SharedParameters, check_mode
 
 def callback_class(keras):
     class ParameterSharingCallback(keras.callbacks.Callback):
+        """Shares all of a Keras model's weights through memory servers after every batch, as
+        hbmcoll.torch.ParameterSharing does for torch (async, or hybrid with a group); at the
+        end of training every worker holds the servers' final weights."""
+
         def __init__(self, mode="async", servers=None, staleness=None, name="parameters", token=None, group=None,
                      timeout=300):
             super().__init__()
@@ -58,8 +62,12 @@ def callback_class(keras):
                 self.group.bcast(flat, root=0)
             self._set(flat)
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs=None):  # every worker ends on the servers' final weights
+            flat = self._flat()
             if self.shared is not None:
-                self.shared.finish()
+                self.shared.finish(flat)
+            if self.group is not None:
+                self.group.bcast(flat, root=0)
+            self._set(flat)
 
     return ParameterSharingCallback

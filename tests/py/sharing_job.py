@@ -4,7 +4,7 @@ through the memory servers in HBMCOLL_MEMSERVERS.
 
     sharing_job.py MODE SHARD SHARDS      (hybrid, under hbmcoll-run: SHARD is the group's number
                                            and each rank of the group takes a part of its shard)
-Prints "accuracy A" (on the whole set, from the buffer's final parameters) when all went well.
+Prints "accuracy A" (on the whole set, of its own model after finish()) when all went well.
 """
 import os
 import sys
@@ -50,11 +50,7 @@ def main():
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x[i]), y[i]).backward()
             sharing.step()
-    sharing.finish()
-    if sharing.sharer:
-        final = torch.empty(sum(p.numel() for p in net.parameters()))
-        sharing.buffer.read(out=final)
-        sharing.flat.copy_(final)  # the parameters' own storage
+    sharing.finish()  # every worker's model: the servers' final parameters
     os.write(1, b"accuracy %.4f\n" % accuracy(net, x, y))  # one write: a group's ranks share the pipe
 
 

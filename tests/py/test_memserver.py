@@ -328,6 +328,7 @@ def test_training_through_the_servers_reaches_the_synchronous_accuracy(servers, 
         assert p.returncode == 0, err[-3000:]
     got = [float(line.split()[1]) for out, _ in outs for line in out.splitlines() if line.startswith("accuracy")]
     assert len(got) == 4, outs
+    assert len(set(got)) == 1, got  # finish() leaves every worker on the same model
     sync = _sync_accuracy()
     assert min(got) >= sync - TOLERANCE, (mode, got, sync)
 
