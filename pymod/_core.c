@@ -529,6 +529,7 @@ static PyMethodDef hb_functions[] = {
     {"numa_report", (PyCFunction)(void (*)(void))hb_numa_report, METH_VARARGS | METH_KEYWORDS,
      "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True, tree=False) -> str"},
     {"policy_words", hb_policy_words, METH_NOARGS, "policy_words() -> {'memory': (...), 'bind': (...)}"},
+    {"variables", hb_variables, METH_NOARGS, "variables() -> ({'name', 'scope', 'meaning', 'default'}, ...)"},
     {"axpy", hb_axpy, METH_VARARGS, "axpy(y, x, alpha, dtype): y += alpha * x over raw bytes of dtype (a name), without the GIL"},
     {NULL, NULL, 0, NULL}};
 
@@ -589,7 +590,6 @@ static int hb_clear(PyObject *m) {
 }
 
 static void hb_free(void *m) { hb_clear(m); }
-
 static PyModuleDef_Slot hb_slots[] = {{Py_mod_exec, hb_exec}, {0, NULL}};
 
 static struct PyModuleDef hb_module = {PyModuleDef_HEAD_INIT, "hbmcoll._core",

@@ -83,6 +83,7 @@ int hb_placement_place(void *arg, void *addr, size_t len, const int *local_ranks
 void *hb_placement_ctx(PyObject *placement);
 PyObject *hb_numa_report(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *hb_policy_words(PyObject *module, PyObject *unused);
+PyObject *hb_variables(PyObject *module, PyObject *unused); /* variables.c */
 
 /* bridge.c */
 extern PyType_Spec hb_bridge_spec;

@@ -301,6 +301,19 @@ int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name);
 /* Static name ("allreduce", ...), "unknown" out of range. */
 const char *coll_kind_name(coll_kind_t kind);
 
+/* ---- the variables ------------------------------------------------------ */
+/* Every HBMCOLL_* variable a user may set, whoever reads it: libcoll ("core"), the Python
+ * package ("python"), the launcher, the layer across nodes ("nodes"), the memory servers'
+ * clients ("memservers"), the torch backend ("torch"). Static strings, never NULL. */
+typedef struct {
+  const char *name;     /* "HBMCOLL_TIMEOUT" */
+  const char *scope;    /* who reads it */
+  const char *meaning;  /* one sentence, Markdown */
+  const char *fallback; /* the default, in words */
+} coll_variable_t;
+/* The list, in the README's order; *count_p (if not NULL) gets its length. */
+const coll_variable_t *coll_variables(size_t *count_p);
+
 #ifdef __cplusplus
 }
 #endif

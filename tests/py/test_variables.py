@@ -1,0 +1,35 @@
+"""The HBMCOLL_* variables: one list in C (libcoll/src/variables.c), the README's table generated
+from it, and every name the sources read in the list (and none in it that nothing reads)."""
+import re
+from pathlib import Path
+
+import hbmcoll.variables as variables
+
+TOP = Path(__file__).resolve().parents[2]
+QUOTED = re.compile(r"[\"'](HBMCOLL_[A-Z0-9_]+)")
+
+
+def _read_in_sources():
+    found = set()
+    for folder, pattern in (("pymod", "**/*.py"), ("pymod", "*.c"), ("libcoll/src", "*.c"), ("numa", "*.c")):
+        for path in (TOP / folder).glob(pattern):
+            found |= set(QUOTED.findall(path.read_text()))
+    return found
+
+
+def test_the_readme_shows_the_generated_table():
+    readme = (TOP / "README.md").read_text()
+    assert variables.table() in readme, "README's variables table is stale: paste `python3 -m hbmcoll.variables`"
+    assert readme.count(variables.BEGIN) == 1
+
+
+def test_every_variable_read_is_listed_and_every_listed_one_is_read():
+    listed, read = variables.names(), _read_in_sources()
+    assert read - listed == set(), "read but not in libcoll/src/variables.c"
+    assert listed - read == set(), "listed but read nowhere"
+
+
+def test_every_row_says_what_and_its_default():
+    for v in variables.rows():
+        assert v["meaning"] and v["default"] and v["scope"], v
+        assert "|" not in v["meaning"] + v["default"], v  # would break the Markdown table
