@@ -55,8 +55,9 @@ deps:
 build: deps lib
 	HBMCOLL_LIB_DIR=$(CURDIR)/build/lib $(PYTHON) setup.py -q build_ext --inplace
 	@HERE="$(CURDIR)/pymod" $(if $(CALLER_PYTHONPATH),PYTHONPATH="$(CALLER_PYTHONPATH)",env -u PYTHONPATH) \
-	  $(PYTHON) -c "import hbmcoll, os, sys; sys.exit(not os.path.realpath(hbmcoll.__file__) \
-	  .startswith(os.path.realpath(os.environ['HERE']) + os.sep))" 2>/dev/null && \
+	  $(PYTHON) -c "import hbmcoll, os, sys; from importlib.metadata import entry_points as e; \
+	  sys.exit(not os.path.realpath(hbmcoll.__file__).startswith(os.path.realpath(os.environ['HERE']) + os.sep) \
+	  or not e(group='torch.backends', name='hbmcoll'))" 2>/dev/null && \
 	  command -v hbmcoll-run >/dev/null || \
 	  { echo "installing hbmcoll from $(CURDIR) (editable)"; \
 	    HBMCOLL_LIB_DIR=$(CURDIR)/build/lib $(PYTHON) -m pip install -q --no-build-isolation --no-deps \

@@ -146,6 +146,7 @@ setup(
     license="BSD-3-Clause",
     package_dir={"": "pymod", "hbmcoll._bench": "bench"},
     packages=["hbmcoll", "hbmcoll._bench", "hbmcoll._bench.workers"],
+    py_modules=["_hbmcoll_torch_autoload"],  # init_process_group("hbmcoll") with no import of ours
     package_data={"hbmcoll._bench": ["c/staged_floor.c"], "hbmcoll": ["py.typed", "*.pyi"]},  # PEP 561
     libraries=[] if PREBUILT else [libhbmcoll],
     ext_modules=[core],
@@ -154,5 +155,6 @@ setup(
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},
     entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.run:main",
-                                     "hbmcoll-memserver = hbmcoll.memserver:main"]},
+                                     "hbmcoll-memserver = hbmcoll.memserver:main"],
+                  "torch.backends": ["hbmcoll = _hbmcoll_torch_autoload:register"]},
 )

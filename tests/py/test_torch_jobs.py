@@ -398,6 +398,29 @@ def test_example_ddp(launcher, tmp_path):
     assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
 
 
+NO_IMPORT_OF_OURS = """
+import sys, torch, torch.distributed as dist
+assert "hbmcoll" not in sys.modules, "import torch imported hbmcoll"
+dist.init_process_group("hbmcoll")           # the one changed line: no import of hbmcoll
+t = torch.full((3,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+assert type(dist.distributed_c10d._get_default_group()).__name__ == "ProcessGroupHbmcoll"
+print("sum", t.tolist())
+dist.destroy_process_group()
+"""
+
+
+def test_init_process_group_needs_no_import_of_ours(tmp_path):
+    """torch loads the backend through the "torch.backends" entry point the install carries."""
+    script = tmp_path / "job.py"
+    script.write_text(NO_IMPORT_OF_OURS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(free_port()), str(script)]
+    p = subprocess.run(cmd, env=_launch_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("sum [3.0, 3.0, 3.0]") == 2, p.stdout
+
+
 def _uneven_reference(P):
     """horovod_uneven_job.py's training in one process: at step k the gradients of the ranks
     that still have a batch are averaged; the weights after every step."""
