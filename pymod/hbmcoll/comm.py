@@ -403,5 +403,6 @@ def empty(shape, dtype="float32", comm=None):
     n = 1
     for s in shape:
         n *= int(s)
-    raw = comm._c.arena_alloc(n * dt.itemsize)
+    node = getattr(comm, "_local", comm)  # across nodes: the arena of this node's communicator
+    raw = node._c.arena_alloc(n * dt.itemsize)
     return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
