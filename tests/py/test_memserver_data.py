@@ -111,7 +111,7 @@ def test_6_writes_and_accumulates_carry_their_dtype(servers):
     conn, bid = rb._parts[0][:2]  # a raw request naming int32 for the float32 buffer: the server refuses it too
     from hbmcoll import memproto as ms
     with pytest.raises(hbmcoll.ArgumentError, match="dtype"):
-        conn.request(ms.WRITE, bid, 0, 32, src=np.ones(8, np.int32).view(np.uint8), dtype=ms.DTYPES.index("int32"))
+        conn.request(ms.WRITE, bid, 0, 32, src=np.ones(8, np.int32).view(np.uint8), dtype=ms.dtype_code("int32"))
     assert rb.version == 0
 
 
