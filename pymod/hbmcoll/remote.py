@@ -156,8 +156,8 @@ class _Connection:
     def run(self, requests, allow=(ms.OK,)):
         """requests ((op, buffer id, offset, length, flags, src, dst, alpha, fence, write id),
         each of at most half a slot) with two in flight: one travels while the server applies
-        the other. The last reply's (version, the last write's id); a refusal other than those
-        in allow raises."""
+        the other. The last reply's (version, the last write's id); None after a refusal in
+        allow; another refusal raises."""
         if self.dead:
             raise PeerLostError(f"the connection to the memory server at {self.addr} failed before")
         with self.lock:
@@ -177,7 +177,7 @@ class _Connection:
                 raise
             if refused not in allow:
                 raise _refusal(self.addr, refused)
-            return got
+            return got if refused == ms.OK else None
 
     def _post(self, op, bid, off, length, flags, src, dst, alpha, fence=0, wid=0):
         number, half = (self.number + 1) & ms.NUMBER, self.half
@@ -346,9 +346,11 @@ class RemoteBuffer:
         parts = self._live()
         wait = self._parts[0][0].timeout or ms.DATA_TIMEOUT_S
         until = time.monotonic() + wait
+        def part(p, wid=0):  # (version, write id), or None: a chunked read held too long, dropped
+            return p[0].run(self._chunks(ms.READ, raw, p, wid=wid), allow=(ms.OK, ms.DROPPED))
         while True:
-            wid = parts[0][0].run(self._chunks(ms.READ, raw, parts[0]))[1]
-            if all(p[0].run(self._chunks(ms.READ, raw, p, wid=wid))[1] == wid for p in parts[1:]):
+            got = part(parts[0])
+            if got is not None and all((part(p, got[1]) or (0, None))[1] == got[1] for p in parts[1:]):
                 return
             if time.monotonic() > until:
                 raise TimeoutError(f"RemoteBuffer {self.name!r}: no whole read within {wait} s (the striped "

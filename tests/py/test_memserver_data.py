@@ -295,3 +295,87 @@ def test_11_a_client_reaches_a_restarted_server(tmp_path):
             client.wait()
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=20) == 0
+
+
+BETWEEN_COMMITS = r"""
+import os, signal, numpy as np, hbmcoll
+from hbmcoll import memproto as ms
+rb = hbmcoll.RemoteBuffer("s5c", (1 << 16,), "int32", servers=addrs)
+rb.write(np.zeros(1 << 16, np.int32))
+second = rb._parts[1][0]
+run = second.run
+def stall(requests, **kw):  # this process stops itself between part 0's commit and part 1's
+    requests = list(requests)
+    if requests and requests[0][0] == ms.COMMIT and not getattr(second, "stalled", False):
+        second.stalled = True
+        print("stalled", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return run(requests, **kw)
+second.run = stall
+lock = rb.lock(timeout=30, lease=1.5)
+lock.__enter__()
+rb.write(np.full(1 << 16, 1, np.int32))
+print("wrote", flush=True)
+try:
+    lock.__exit__(None, None, None)
+except hbmcoll.Error as e:
+    print("unlock:", e)
+"""
+
+
+def test_5_a_striped_write_stopped_between_its_commits_is_read_whole(servers):
+    """A commits part 0 of its write and stops before part 1's commit: a read gets A's write
+    whole at once (the part still holding it staged commits it), another holder's later write
+    stands, and A, resumed, finds its write in and goes on."""
+    addrs = servers(2)
+    a = _client(BETWEEN_COMMITS, addrs)
+    try:
+        assert a.stdout.readline().strip() == "stalled"
+        _stopped(a)
+        rb = hbmcoll.RemoteBuffer("s5c", (1 << 16,), "int32", servers=addrs, token=TOKEN, timeout=20)
+        assert (rb.read() == 1).all()
+        with rb.lock(timeout=30):
+            rb.write(np.full(1 << 16, 2, np.int32))
+        a.send_signal(signal.SIGCONT)
+        out = _finish(a)
+        assert "wrote" in out and "unlock:" in out and "lease ran out" in out, out
+        assert (rb.read() == 2).all()
+    finally:
+        a.kill()
+        a.wait()
+
+
+STALLED_READER = r"""
+import os, signal, numpy as np, hbmcoll
+rb = hbmcoll.RemoteBuffer("r10", (1 << 20,), "int32", servers=addrs)
+conn = rb._parts[0][0]
+post, sent = conn._post, [0]
+def stall(*a):  # this process stops itself after 3 chunks of its read
+    sent[0] += 1
+    if sent[0] == 4:
+        print("stalled", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return post(*a)
+conn._post = stall
+print(np.unique(rb.read()).tolist())
+"""
+
+
+def test_10_a_reader_stopped_mid_read_holds_writers_back_only_briefly(servers):
+    """A reader stops after 3 of its 8 chunks: a writer's write goes in once the reader's hold
+    passed the server's deadline (not for ever); the reader, resumed, reads again and gets the
+    new contents whole."""
+    addrs = servers(1)
+    rb = hbmcoll.RemoteBuffer("r10", (1 << 20,), "int32", servers=addrs, token=TOKEN)
+    rb.write(np.full(1 << 20, 1, np.int32))
+    a = _client(STALLED_READER, addrs)
+    try:
+        assert a.stdout.readline().strip() == "stalled"
+        _stopped(a)
+        rb.write(np.full(1 << 20, 2, np.int32))  # waits at most about PARTIAL_S
+        assert (rb.read() == 2).all()
+        a.send_signal(signal.SIGCONT)
+        assert _finish(a).strip() == "[2]"
+    finally:
+        a.kill()
+        a.wait()
