@@ -246,7 +246,8 @@ static void ms_apply(ms_t *s, int c, const ms_head_t *h, int half) {
       else if (buf->wid != h->wid) return ms_refuse(s, c, buf, h->number, half, MS_NOT_STAGED);
     } else if (first && last && !(h->opf & MS_STAGE)) { /* one chunk: applied as it is */
       if (op == MS_WRITE) memcpy(y0 + h->off, data, h->length), buf->wid = h->wid;
-      else if (buf->dtype == COLL_DTYPE_COUNT || coll__axpy(buf->dtype, y0 + h->off, data, h->alpha, h->length / buf->es))
+      else if (buf->dtype == COLL_DTYPE_COUNT ||
+               coll__axpy(buf->dtype, y0 + h->off, data, h->alpha, h->length / buf->es))
         return ms_refuse(s, c, buf, h->number, half, MS_REFUSED); /* no accumulate of this dtype, or alpha */
       buf->version++;
     } else {

@@ -24,8 +24,8 @@ the buffer's bytes behind its version) and answers by writing into the client's 
 note carrying the request's number and status. The server alone touches the buffers, one
 request at a time; a write cut in chunks is gathered aside and applied whole at its last
 chunk, so no read sees it half done or waits for it (memproto.py: the guarantees). Every
-request is checked against its buffer's bounds and dtype. This loop hands over to the control path whenever a socket stirs, and
-every 10 ms (lock leases, SIGTERM).
+request is checked against its buffer's bounds and dtype. This loop hands over to the
+control path whenever a socket stirs, and every 10 ms (lock leases, SIGTERM).
 """
 import argparse
 import collections

@@ -379,3 +379,23 @@ def test_10_a_reader_stopped_mid_read_holds_writers_back_only_briefly(servers):
     finally:
         a.kill()
         a.wait()
+
+
+def test_10_a_read_has_a_default_timeout_and_the_connection_is_made_again(servers):
+    """A server stopped (SIGSTOP): a read without timeout= ends with TimeoutError (memproto's
+    DATA_TIMEOUT_S), not never; the server resumed, the same handle reconnects and reads on."""
+    from hbmcoll import memproto as ms
+    addrs = servers(1)
+    rb = hbmcoll.RemoteBuffer("t10", (16,), "int32", servers=addrs, token=TOKEN)
+    rb.write(np.full(16, 4, np.int32))
+    pid = int(subprocess.run(["pgrep", "-f", f"hbmcoll.memserver --listen {addrs}"], capture_output=True,
+                             text=True).stdout.split()[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(hbmcoll.TimeoutError, match="did not answer"):
+            rb.read()
+        assert time.monotonic() - t0 < ms.DATA_TIMEOUT_S + 30  # ended (a generous bound)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (rb.read() == 4).all()
