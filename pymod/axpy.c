@@ -32,7 +32,7 @@ PyObject *hb_axpy(PyObject *m, PyObject *args) {
   }
   PyBuffer_Release(&y), PyBuffer_Release(&x);
   if (rc) return hb_raise(PyModule_GetState(m), rc,
-                          "axpy: y and x must be as long, of float16, bfloat16, float32, float64, or int32 with "
+                          "axpy: y and x must be as long, of float16, bfloat16, float32, float64, or int32 or int64 with "
                           "an integer alpha");
   Py_RETURN_NONE;
 }

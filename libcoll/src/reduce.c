@@ -499,8 +499,8 @@ int coll_reduce_local(coll_dtype_t dtype, coll_op_t op, void *out, const void *c
 #define AXPY_SAME(v) (v)
 
 /* y[0..count) += alpha * x[0..count), in float32 for the 16-bit floats (as the reduce kernels)
- * and in float64 for float64 and int32 (exact for integer alpha); y and x apart. COLL_EBADARG
- * for other dtypes, or int32 with a fractional alpha. */
+ * and in float64 for float64; int32 and int64 take a whole alpha and wrap (exact); y and x
+ * apart. COLL_EBADARG for other dtypes, or an integer dtype with a fractional alpha. */
 int coll__axpy(coll_dtype_t dtype, void *y, const void *x, double alpha, size_t count)
 {
   if (count && (y == NULL || x == NULL))
@@ -522,6 +522,11 @@ int coll__axpy(coll_dtype_t dtype, void *y, const void *x, double alpha, size_t 
     int32_t *restrict yy = y;
     const int32_t *restrict xx = x;
     for (size_t i = 0; i < count; i++) yy[i] = (int32_t)(uint32_t)((uint64_t)yy[i] + (uint64_t)(a * xx[i])); /* wraps */
+  } else if (dtype == COLL_INT64 && alpha >= -0x1p63 && alpha < 0x1p63 && alpha == (double)(int64_t)alpha) {
+    uint64_t a = (uint64_t)(int64_t)alpha; /* in uint64: wraps, as int32's does, without overflow UB */
+    int64_t *restrict yy = y;
+    const int64_t *restrict xx = x;
+    for (size_t i = 0; i < count; i++) yy[i] = (int64_t)((uint64_t)yy[i] + a * (uint64_t)xx[i]);
   } else {
     return COLL_EBADARG;
   }

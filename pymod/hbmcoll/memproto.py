@@ -4,28 +4,64 @@ messages over TCP (length-prefixed JSON, the token's proof) and the data request
 A data request is written one-sided into a half of the client's request slot in the server's
 pool: a 64-byte head (HEAD), then its bytes. Its note names the client and the half (bit 16); a
 client keeps up to two requests in flight, numbered in order, and its reply comes back in the
-same half of its reply slot. The server's answer is written
-into the client's pool at reply_to: REPLY (the buffer's version, and how many whole writes it
-took), then for a read its bytes; its note is (status << 28) | the request's number.
+same half of its reply slot. The server's answer is written into the client's pool at
+reply_to: REPLY (the buffer's version, and the id of the last write applied to it), then for a
+read its bytes; its note is (status << 28) | the request's number.
+
+What a server guarantees (pymod/memserve.c applies it):
+- A request is applied whole. A write or accumulate cut in chunks (FIRST ... LAST) is gathered
+  aside and applied at its last chunk: a reader never sees it half done and never waits for
+  its writer. One whose next chunk comes PARTIAL_S late is dropped (DROPPED to its writer).
+- A write or accumulate names its dtype (bits 16-23 of op | flags: an index into DTYPES); any
+  other than the buffer's is refused (DTYPE), never reinterpreted.
+- Fencing: a lock grant carries a token, increasing per buffer on the server that grants it
+  (part 0's); a write made under the lock carries it, and is refused (FENCED) unless it is the
+  holder's within its lease on that server, or below a token the server has seen elsewhere.
+  A write without the lock (fence 0) is allowed, unfenced, as before.
+- A striped write (several servers) holds the lock, stages every part whole (STAGE: kept aside
+  under its write id) and then commits them (COMMIT), part 0 first. Part 0's commit is the
+  write's moment, fenced like any write: a writer stalled past its lease is refused there and
+  its staged parts are never seen. A read of part k > 0 names the write id part 0 holds (READ's
+  id field): a part still holding that write staged commits it first, so a writer that stops
+  between its commits leaves no torn buffer. The client's read is whole when every part holds
+  the same write id (accumulates are applied part by part, and do not change it).
 """
 import hashlib
 import hmac
 import json
 import struct
 
-HEAD = struct.Struct("<IIQQQdQ")  # magic, op | flags, buffer id, offset, length, alpha, number
+# magic, op | flags | dtype << 16, buffer id, offset, length, alpha, number, fencing token, write id
+HEAD = struct.Struct("<IIQQQdQQQ")
 HEAD_BYTES = 64
-REPLY = struct.Struct("<QQ")       # version (writes and accumulates), whole writes
+REPLY = struct.Struct("<QQ")       # version (writes and accumulates), the last write's id
 MAGIC = 0x53424D48                 # "HMBS"
-WRITE, ACCUMULATE, READ = 1, 2, 3
-FIRST, LAST = 1 << 8, 1 << 9
-OK, REFUSED = 0, 1                 # a reply note's top 4 bits; the rest: the request's number
-NUMBER = (1 << 28) - 1
+WRITE, ACCUMULATE, READ, COMMIT = 1, 2, 3, 4
+FIRST, LAST, STAGE = 1 << 8, 1 << 9, 1 << 10
+OK, REFUSED, FENCED, DTYPE, DROPPED, NOT_STAGED = range(6)  # a reply note's top 4 bits
+NUMBER = (1 << 28) - 1             # a reply note's other bits: the request's number
 SLOT_BYTES = 1 << 20               # each client's request slot and reply slot
 HALF = SLOT_BYTES // 2             # a slot holds two requests (or replies) in flight
 LEASE_S = 10.0                     # a lock's lease unless the client asks for another
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32")
+PARTIAL_S = 5.0                    # a chunked request whose next chunk is this late is dropped
+DATA_TIMEOUT_S = 30.0              # a client's wait for a reply, unless it gives timeout=
+# a buffer's dtypes, numbered from 1 (the head's dtype code); ACCUMULATES take accumulate too
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+          "bfloat16", "float32", "float64", "complex64", "complex128")
+ACCUMULATES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 ALIGN = 4096
+
+
+def dtype_code(name):
+    return DTYPES.index(name) + 1
+
+
+def itemsize(name):
+    return 2 if name == "bfloat16" else struct.calcsize({"bool": "?", "int8": "b", "uint8": "B", "int16": "h",
+                                                         "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
+                                                         "uint64": "Q", "float16": "e", "float32": "f",
+                                                         "float64": "d", "complex64": "ff",
+                                                         "complex128": "dd"}[name])
 
 
 def send_msg(sock, obj):

@@ -11,17 +11,21 @@ Control, over TCP (one connection per client, length-prefixed JSON): the server'
 client's proof (HMAC-SHA256 of the nonce under the token) and endpoint card; the server's card
 and the client's two slots in the server's pool (requests in, replies out). Then `open` (the
 first open of a name creates the buffer; a later one with another shape or dtype is refused),
-`lock` / `unlock` (a lock is held for a lease: a holder that dies or overruns it loses it).
+`lock` / `unlock` (a lock is held for a lease: a holder that dies or overruns it loses it; each
+grant carries a fencing token, increasing per buffer, which the data path checks on every write
+made under the lock: a holder that lost its lock writes nothing). `open` answers with this
+server's instance id, new at every start, so a client tells a restarted server from a
+reconnection and never reads a new buffer for its old one.
 
 Data, one-sided, in C without the GIL (_core.MemServe, pymod/memserve.c): a client writes a
 request (a 64-byte head, then its bytes) into a half of its request slot, two in flight, with a
 note naming it; the server applies it (write: copy; accumulate: y += alpha * x; read: copy out
 the buffer's bytes behind its version) and answers by writing into the client's pool with a
 note carrying the request's number and status. The server alone touches the buffers, one
-request at a time, and a request cut in chunks holds its buffer from its first chunk to its
-last (others wait), so no read sees a torn mix of two writes. Every request is checked against
-its buffer's bounds. This loop hands over to the control path whenever a socket stirs, and
-every 10 ms (lock leases, SIGTERM).
+request at a time; a write cut in chunks is gathered aside and applied whole at its last
+chunk, so no read sees it half done or waits for it (memproto.py: the guarantees). Every
+request is checked against its buffer's bounds and dtype. This loop hands over to the
+control path whenever a socket stirs, and every 10 ms (lock leases, SIGTERM).
 """
 import argparse
 import collections
@@ -38,13 +42,14 @@ import time
 
 import numpy as np
 
-from .memproto import ALIGN, DTYPES, LEASE_S, SLOT_BYTES, proof, read_token, recv_msg, send_msg
+from .memproto import ALIGN, DTYPES, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token, recv_msg, send_msg
 
 class Buffer:
     def __init__(self, bid, name, shape, dtype, base, nbytes):
         self.id, self.name, self.shape, self.dtype = bid, name, shape, dtype
         self.base, self.nbytes = base, nbytes
         self.lock_holder, self.lease_until = None, 0.0
+        self.token = 0  # the last lock grant's fencing token
         self.lock_waiters = collections.deque()  # (client, lease)
 
 
@@ -73,6 +78,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.stopping = False
+        self.instance = secrets.token_hex(8)  # new at every start: its buffers are not an old instance's
 
     def describe(self):
         return (f"hbmcoll-memserver: {self.capacity} bytes for buffers at {self.listener.getsockname()[0]}:"
@@ -153,19 +159,19 @@ class Server:
         if op == "cancel":  # a lock wait the client gave up: not granted, or given back
             buf.lock_waiters = collections.deque((c, t) for c, t in buf.lock_waiters if c is not client)
             if buf.lock_holder is client:
-                buf.lock_holder = None
+                self._release(buf)
                 self._grant(buf)
             return {"cancelled": True}
         if op == "unlock":
-            if buf.lock_holder is not client:
-                return {"error": "unlock of a lock this client does not hold (its lease may have run out)"}
-            buf.lock_holder = None
+            if buf.lock_holder is not client or (msg.get("token") is not None and msg["token"] != buf.token):
+                return {"error": "unlock of a lock this client does not hold (its lease ran out)"}
+            self._release(buf)
             self._grant(buf)
             return {"ok": True}
         return {"error": f"unknown request {op!r}"}
 
     def _open(self, msg):
-        name, shape, dtype = str(msg.get("name")), [int(d) for d in msg.get("shape", [])], msg.get("dtype")
+        name, shape, dtype = str(msg.get("name")), [int(d) for d in msg.get("shape", [])], str(msg.get("dtype"))
         whole = [int(d) for d in msg.get("whole", shape)]
         if dtype not in DTYPES:
             return {"error": f"dtype {dtype!r}: one of {', '.join(DTYPES)}"}
@@ -175,26 +181,34 @@ class Server:
                 return {"error": "mismatch", "text": f"it exists with shape {tuple(buf.whole)} and dtype "
                                                      f"{buf.dtype}, not {tuple(whole)} and {dtype}"}
         else:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(np.uint16 if dtype == "bfloat16" else dtype).itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize(dtype)
             base = -(-self.used // ALIGN) * ALIGN
             if base + nbytes > self.capacity:
                 return {"error": "capacity", "text": f"buffer {name!r} needs {nbytes} bytes; the server has "
                                                      f"{self.capacity - base} of {self.capacity} left"}
             self.used = base + nbytes
             buf = Buffer(len(self.buffers) + 1, name, shape, dtype, base, nbytes)
-            self.data.add_buffer(buf.id, base, nbytes, dtype)
+            self.data.add_buffer(buf.id, base, nbytes, dtype, dtype_code(dtype), itemsize(dtype))
             buf.whole = whole
             self.buffers[buf.id], self.by_name[name] = buf, buf
-        return {"id": buf.id, "nbytes": buf.nbytes, "version": self.data.version(buf.id)[0]}
+        return {"id": buf.id, "nbytes": buf.nbytes, "version": self.data.version(buf.id)[0], "instance": self.instance}
 
     def _grant(self, buf):
         if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
-            buf.lock_holder = None  # the lease ran out
+            self._release(buf)  # the lease ran out
         while buf.lock_holder is None and buf.lock_waiters:
             client, lease = buf.lock_waiters.popleft()
             if client.index in self.clients and self.clients[client.index] is client:
+                buf.token += 1  # the data path takes this token alone, within the lease
+                self.data.set_fence(buf.id, buf.token, lease)
                 buf.lock_holder, buf.lease_until = client, time.monotonic() + lease
-                self._answer(client, {"ok": True, "lease": lease})
+                self._answer(client, {"ok": True, "lease": lease, "token": buf.token})
+
+    def _release(self, buf):
+        """The lock is free: its holder's token changes nothing more."""
+        buf.lock_holder = None
+        if buf.token:
+            self.data.set_fence(buf.id, buf.token, 0)
 
     def _drop(self, client):
         """A client gone: its slots, holds, parked requests and locks go with it."""
@@ -208,7 +222,7 @@ class Server:
         for buf in self.buffers.values():
             buf.lock_waiters = collections.deque((c, s) for c, s in buf.lock_waiters if c is not client)
             if buf.lock_holder is client:
-                buf.lock_holder = None
+                self._release(buf)
                 self._grant(buf)
 
     # -- the loop ------------------------------------------------------------------------------

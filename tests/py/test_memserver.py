@@ -79,7 +79,9 @@ def test_the_c_data_path_speaks_memproto():
     got = _core.MemServe.protocol()
     assert got == {"HEAD_BYTES": ms.HEAD_BYTES, "REPLY_BYTES": ms.REPLY.size, "HALF": ms.HALF, "MAGIC": ms.MAGIC,
                    "FIRST": ms.FIRST, "LAST": ms.LAST, "NUMBER": ms.NUMBER, "WRITE": ms.WRITE,
-                   "ACCUMULATE": ms.ACCUMULATE, "READ": ms.READ, "HEAD_STRUCT_BYTES": ms.HEAD.size}
+                   "ACCUMULATE": ms.ACCUMULATE, "READ": ms.READ, "HEAD_STRUCT_BYTES": ms.HEAD.size,
+                   "COMMIT": ms.COMMIT, "STAGE": ms.STAGE, "PARTIAL_S": ms.PARTIAL_S,
+                   "STATUS": (ms.OK, ms.REFUSED, ms.FENCED, ms.DTYPE, ms.DROPPED, ms.NOT_STAGED)}
 
 
 def test_write_read_accumulate_and_version(servers):
