@@ -28,8 +28,10 @@ def check_mode(mode, staleness, overlap=None):
 class SharedParameters:
     """n float32 parameters named `name` on the servers, as one worker (or group) sees them."""
 
-    def __init__(self, n, servers=None, token=None, name="parameters", staleness=None, timeout=300):
-        self.staleness, self.timeout, self.steps = staleness, timeout, 0
+    def __init__(self, n, servers=None, token=None, name="parameters", staleness=None, timeout=300, workers=None):
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise ArgumentError(f"workers={workers!r}: the number of workers (groups in hybrid), >= 1, or None")
+        self.staleness, self.timeout, self.steps, self.workers = staleness, timeout, 0, workers or 1
         self.buffer = RemoteBuffer(name, (n,), "float32", servers=servers, token=token, timeout=timeout)
         # [workers that started, workers that finished]: finish() waits for the two to meet, so
         # every worker ends on the same parameters
@@ -115,8 +117,9 @@ class SharedParameters:
 
     def finish(self, flat, overlapped=False):
         """This worker trains no more: its change not yet pushed goes out (overlapped), the others
-        stop waiting for it (with a staleness bound), and once every worker that started has
-        finished, flat becomes the shared parameters: every worker ends on the same model."""
+        stop waiting for it (with a staleness bound), and once every worker (the `workers` given,
+        else every one that has started) has finished, flat becomes the shared parameters: every
+        worker ends on the same model."""
         if overlapped:
             self.merge(flat)
             self.buffer.accumulate(flat - self._base)
@@ -126,10 +129,11 @@ class SharedParameters:
         until = time.monotonic() + self.timeout
         while True:
             started, finished = (int(v) for v in self.members.read())
-            if finished >= started:
+            if finished >= max(started, self.workers):
                 break
             if time.monotonic() > until:
-                raise TimeoutError(f"parameter sharing: {started - finished} of {started} workers had not "
+                raise TimeoutError(f"parameter sharing: {max(started, self.workers) - finished} of "
+                                   f"{max(started, self.workers)} workers had not "
                                    f"finished after {self.timeout} s; this worker keeps its own parameters")
             time.sleep(0.005)
         self.buffer.read(out=flat)

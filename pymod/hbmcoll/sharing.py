@@ -37,10 +37,12 @@ class ParameterSharing:
     allreduced inside a group and asynchronous between groups (mode="hybrid"); the module's text
     says how. Call step() in place of optimizer.step() and finish() once at the end. servers and
     token default to HBMCOLL_MEMSERVERS and HBMCOLL_TOKEN; name tells jobs' buffers apart; a
-    wait on the servers longer than timeout seconds raises TimeoutError."""
+    wait on the servers longer than timeout seconds raises TimeoutError. workers: how many
+    workers share (groups, in hybrid); finish() waits for that many, else for every worker that
+    has started, which a worker that starts late is not."""
 
     def __init__(self, model, optimizer, mode="async", servers=None, staleness=None, name="parameters",
-                 token=None, group=None, timeout=300, overlap=None):
+                 token=None, group=None, timeout=300, overlap=None, workers=None):
         self.overlap = check_mode(mode, staleness, overlap)
         self.params = list(model.parameters())
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in self.params):
@@ -62,7 +64,7 @@ class ParameterSharing:
         self.grads = torch.empty_like(self.flat) if self.group is not None and self.group.size > 1 else None
         self.merged = torch.zeros(1, dtype=torch.int32)  # overlapped: did this step take in the others'?
         if self.sharer:
-            self.shared = SharedParameters(len(self.flat), servers, token, name, staleness, timeout)
+            self.shared = SharedParameters(len(self.flat), servers, token, name, staleness, timeout, workers)
             self.shared.start(self.flat)
         if self.group is not None:
             self.group.bcast(self.flat, root=0)

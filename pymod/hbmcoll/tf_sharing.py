@@ -23,11 +23,12 @@ def callback_class(keras):
         end of training every worker holds the servers' final weights."""
 
         def __init__(self, mode="async", servers=None, staleness=None, name="parameters", token=None, group=None,
-                     timeout=300):
+                     timeout=300, workers=None):
             super().__init__()
             check_mode(mode, staleness)
             self.mode, self.group, self.shared = mode, group, None
-            self.opened = dict(servers=servers, token=token, name=name, staleness=staleness, timeout=timeout)
+            self.opened = dict(servers=servers, token=token, name=name, staleness=staleness, timeout=timeout,
+                               workers=workers)
 
         def _flat(self):
             return np.concatenate([np.asarray(w, np.float32).reshape(-1) for w in self.model.get_weights()])

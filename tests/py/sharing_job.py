@@ -40,7 +40,7 @@ def main():
     opt = torch.optim.SGD(net.parameters(), lr=float(os.environ.get("LR", 0.05)))
     sharing = hbmcoll.torch.ParameterSharing(net, opt, mode=mode, name="classifier",
                                              staleness=int(os.environ["STALENESS"]) if "STALENESS" in os.environ else None,
-                                             timeout=120)  # a wait that never ends fails inside the test's time
+                                             timeout=120, workers=shards)  # a wait that never ends fails inside the test's time
     part = torch.arange(shard, 4000, shards)
     if mode == "hybrid":  # the group's ranks split the group's shard
         part = part[sharing.group.rank::sharing.group.size]
