@@ -11,7 +11,10 @@ took), then for a read its bytes; its note is (status << 28) | the request's num
 import hashlib
 import hmac
 import json
+import os
 import struct
+
+from .job_secret import shared_file_problem
 
 HEAD = struct.Struct("<IIQQQdQ")  # magic, op | flags, buffer id, offset, length, alpha, number
 HEAD_BYTES = 64
@@ -26,6 +29,9 @@ HALF = SLOT_BYTES // 2             # a slot holds two requests (or replies) in f
 LEASE_S = 10.0                     # a lock's lease unless the client asks for another
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32")
 ALIGN = 4096
+MIN_TOKEN_BYTES = 16               # a shorter token is refused (it could be guessed)
+MAX_MSG = 4096                     # a control message's (and a hello's) bytes at most
+HANDSHAKE_S = 5.0                  # a connection that has not proved the token by then is dropped
 
 
 def send_msg(sock, obj):
@@ -56,9 +62,23 @@ def proof(token, nonce):
     return hmac.new(token.encode(), b"hbmcoll-memserver:" + nonce, hashlib.sha256).hexdigest()
 
 
+def check_token(token, where):
+    """token, or PermissionError (naming where it came from) when it is too short to be secret."""
+    if len(token.encode()) < MIN_TOKEN_BYTES:
+        raise PermissionError(f"{where}: the token has {len(token.encode())} bytes; a token must have at least "
+                              f"{MIN_TOKEN_BYTES} bytes (draw one with python3 -c 'import secrets; "
+                              "print(secrets.token_hex(16))')")
+    return token
+
+
 def read_token(path):
+    """The token in the file at path; PermissionError if others may read or change the file (as
+    ssh refuses such a key), or if the token is empty or short."""
     with open(path) as f:
+        problem = shared_file_problem(os.fstat(f.fileno()), path, "the token file")
+        if problem:
+            raise PermissionError(problem)
         token = f.read().strip()
     if not token:
-        raise SystemExit(f"hbmcoll-memserver: the token file {path} is empty")
-    return token
+        raise PermissionError(f"the token file {path} is empty")
+    return check_token(token, f"the token file {path}")

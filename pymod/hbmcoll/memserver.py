@@ -270,7 +270,8 @@ def start_beside(k, host, ports, token, capacity="1G"):
     import subprocess
     import tempfile
     where = tempfile.mkdtemp(prefix="hbmcoll-memserver-")  # 0700: the token stays ours
-    with open(os.path.join(where, "token"), "w") as f:
+    fd = os.open(os.path.join(where, "token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # read_token's mode
+    with os.fdopen(fd, "w") as f:
         f.write(token)
     procs, addrs = [], []
 
@@ -329,7 +330,11 @@ def main(argv=None):
     host, _, port = a.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT")
-    server = Server(host, int(port), read_token(a.token_file), parse_size(a.capacity), a.iface, memory=a.memory)
+    try:
+        token = read_token(a.token_file)
+    except OSError as exc:
+        raise SystemExit(f"hbmcoll-memserver: {exc}") from None
+    server = Server(host, int(port), token, parse_size(a.capacity), a.iface, memory=a.memory)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stopping", True))
     print(server.describe(), file=sys.stderr, flush=True)
     try:

@@ -45,16 +45,20 @@ def _servers(servers):
 
 
 def _token(token):
-    if token is None:
-        token = os.environ.get("HBMCOLL_TOKEN")
-    if token is None and os.environ.get("HBMCOLL_TOKEN_FILE"):
+    if token is not None:
+        return ms.check_token(token, "RemoteBuffer token=") if token else _no_token()
+    if os.environ.get("HBMCOLL_TOKEN") is not None:
+        return ms.check_token(os.environ["HBMCOLL_TOKEN"], "HBMCOLL_TOKEN") if os.environ["HBMCOLL_TOKEN"] else _no_token()
+    if os.environ.get("HBMCOLL_TOKEN_FILE"):
         try:
-            token = ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])
-        except (OSError, SystemExit) as exc:
+            return ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])
+        except OSError as exc:
             raise PermissionError(f"HBMCOLL_TOKEN_FILE: {exc}") from None
-    if not token:
-        raise PermissionError("RemoteBuffer: no token: pass token= or set HBMCOLL_TOKEN or HBMCOLL_TOKEN_FILE")
-    return token
+    return _no_token()
+
+
+def _no_token():
+    raise PermissionError("RemoteBuffer: no token: pass token= or set HBMCOLL_TOKEN or HBMCOLL_TOKEN_FILE")
 
 
 class _Connection:
