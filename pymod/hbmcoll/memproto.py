@@ -11,6 +11,7 @@ took), then for a read its bytes; its note is (status << 28) | the request's num
 import hashlib
 import hmac
 import json
+import math
 import os
 import struct
 
@@ -27,11 +28,18 @@ NUMBER = (1 << 28) - 1
 SLOT_BYTES = 1 << 20               # each client's request slot and reply slot
 HALF = SLOT_BYTES // 2             # a slot holds two requests (or replies) in flight
 LEASE_S = 10.0                     # a lock's lease unless the client asks for another
+MAX_LEASE_S = 86400.0              # a longer lease (or one not a finite number above 0) is refused
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32")
 ALIGN = 4096
 MIN_TOKEN_BYTES = 16               # a shorter token is refused (it could be guessed)
 MAX_MSG = 4096                     # a control message's (and a hello's) bytes at most
 HANDSHAKE_S = 5.0                  # a connection that has not proved the token by then is dropped
+
+
+def lease_ok(lease):
+    """A lock's lease as the server takes it: seconds, a finite number above 0, MAX_LEASE_S at most."""
+    return (isinstance(lease, (int, float)) and not isinstance(lease, bool) and math.isfinite(lease)
+            and 0 < lease <= MAX_LEASE_S)
 
 
 def send_msg(sock, obj):

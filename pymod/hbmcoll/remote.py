@@ -212,6 +212,8 @@ class RemoteBuffer:
 
     def __init__(self, name, shape, dtype="float32", servers=None, token=None, timeout=None):
         self.name, self.shape = name, tuple(int(d) for d in (shape if hasattr(shape, "__len__") else (shape,)))
+        if any(d < 0 for d in self.shape):  # the server would drop the connection
+            raise ArgumentError(f"RemoteBuffer {name!r}: shape {self.shape}: sizes must not be negative")
         self.dtype = _dtype_name(dtype)
         self.itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
@@ -252,7 +254,8 @@ class RemoteBuffer:
         """A write; striped, it holds the buffer's lock (reentrant, for a holder of rb.lock()), so writes reach every part in one order and a read can tell a torn mix (_read_whole)."""
         if len(self._parts) == 1:
             return self._each_chunk(ms.WRITE, raw)
-        with self.lock(timeout=self._parts[0][0].timeout, lease=max(ms.LEASE_S, self._parts[0][0].timeout or 0)):
+        with self.lock(timeout=self._parts[0][0].timeout,
+                       lease=min(max(ms.LEASE_S, self._parts[0][0].timeout or 0), ms.MAX_LEASE_S)):
             return self._each_chunk(ms.WRITE, raw)
 
     def _read_whole(self, raw):
@@ -331,6 +334,9 @@ class _Lock:
 
     def __init__(self, rb, timeout, lease):
         self.rb, self.timeout, self.lease = rb, timeout, lease
+        if lease is not None and not ms.lease_ok(lease):  # the server would drop the connection
+            raise ArgumentError(f"RemoteBuffer {rb.name!r}: lock lease {lease!r}: a number of seconds, more than 0 "
+                                f"and at most {ms.MAX_LEASE_S:g}")
         self.conn, self.bid = rb._parts[0][:2]
 
     def __enter__(self):
