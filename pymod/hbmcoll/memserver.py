@@ -25,7 +25,7 @@ note carrying the request's number and status. The server alone touches the buff
 request at a time, and a request cut in chunks holds its buffer from its first chunk to its
 last (others wait), so no read sees a torn mix of two writes. Every request is checked against
 its buffer's bounds. This loop hands over to the control path whenever a socket stirs, and
-every 10 ms (lock leases, SIGTERM).
+every 10 ms (lock leases, handshake deadlines, SIGTERM).
 """
 import argparse
 import collections
@@ -105,7 +105,8 @@ class Server:
         """A connection's hello: its proof of the token, then its card and reply_to; it becomes a
         client, or Refused."""
         given = hello.get("proof")
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), proof(self.token, conn.nonce).encode()):
+        want = proof(self.token, conn.nonce).encode()
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), want):
             raise Refused("refused: the token does not match the server's")
         check_hello(hello)
         if not self.free_slots:
@@ -129,8 +130,9 @@ class Server:
         """A connection's socket is ready (events): its answers out, its messages in and handled."""
         if conn not in self.conns:
             return  # closed earlier in this round
-        if (events & selectors.EVENT_WRITE and not conn.flush()) or (events & selectors.EVENT_READ and not conn.receive()):
-            return self._drop(conn.client) if conn.state == CLIENT else self._close(conn)  # failed, or hung up
+        if (events & selectors.EVENT_WRITE and not conn.flush()) or \
+                (events & selectors.EVENT_READ and not conn.receive()):  # it failed, or hung up
+            return self._drop(conn.client) if conn.state == CLIENT else self._close(conn)
         try:
             while conn in self.conns and conn.state != CLOSING and (msg := conn.next_message()) is not None:
                 if conn.state == HELLO:

@@ -48,7 +48,8 @@ def _token(token):
     if token is not None:
         return ms.check_token(token, "RemoteBuffer token=") if token else _no_token()
     if os.environ.get("HBMCOLL_TOKEN") is not None:
-        return ms.check_token(os.environ["HBMCOLL_TOKEN"], "HBMCOLL_TOKEN") if os.environ["HBMCOLL_TOKEN"] else _no_token()
+        token = os.environ["HBMCOLL_TOKEN"]
+        return ms.check_token(token, "HBMCOLL_TOKEN") if token else _no_token()
     if os.environ.get("HBMCOLL_TOKEN_FILE"):
         try:
             return ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])

@@ -12,15 +12,12 @@ picks another seed; HBMCOLL_FUZZ_CASES another count).
 import json
 import os
 import random
-import select
-import socket
 import struct
 import subprocess
 import sys
 import time
 
 import numpy as np
-import pytest
 
 import hbmcoll
 from hbmcoll import memproto as ms
@@ -159,7 +156,8 @@ def _junk_data(rng, conn, own, avoid):
     bid = rng.choice([own[0], own[0], 0, avoid + 1000, rng.randrange(1 << 64)])
     if bid == avoid:
         bid = own[0]
-    op = rng.choice([ms.WRITE, ms.ACCUMULATE, ms.READ, 0, 4, 255]) | rng.choice([0, ms.FIRST, ms.LAST, ms.FIRST | ms.LAST])
+    op = rng.choice([ms.WRITE, ms.ACCUMULATE, ms.READ, 0, 4, 255])
+    op |= rng.choice([0, ms.FIRST, ms.LAST, ms.FIRST | ms.LAST])
     if rng.random() < 0.1:
         op = rng.randrange(1 << 32)
     off = rng.choice([0, rng.randrange(own[1] + 8), own[1], (1 << 64) - 1, rng.randrange(1 << 64)])

@@ -239,12 +239,12 @@ def test_a_token_holder_that_never_reads_its_answers_stalls_no_client(servers, c
     rb = hbmcoll.RemoteBuffer("r", (1000,), "float32", servers=addrs, token=TOKEN, timeout=4)
     rb.write(x)
     deaf = _holder(addrs, card, rcvbuf=4096)
+    deaf.settimeout(None)  # its sends end only when the server drops it
     msg = _frame(b'{"op": "open", "name": "o", "shape": [1], "dtype": "float32"}')
-    done = [False]
 
     def flood():  # opens, never reading an answer, until the server drops it
         try:
-            while not done[0]:
+            while True:
                 deaf.sendall(msg * 64)
         except OSError:
             pass
@@ -252,10 +252,11 @@ def test_a_token_holder_that_never_reads_its_answers_stalls_no_client(servers, c
     t.start()
     try:
         _reads_are_served(rb, x, 3.0)
+        t.join(60)
+        assert not t.is_alive(), "the server kept a client that leaves its answers unread"
     finally:
-        done[0] = True
-        deaf.shutdown(socket.SHUT_RDWR)  # ends a send blocked in it
-        t.join(30)
+        if t.is_alive():
+            deaf.shutdown(socket.SHUT_RDWR)  # ends the send blocked in it
+            t.join(30)
         deaf.close()
-    assert not t.is_alive()
     _still_serving(rb, x)

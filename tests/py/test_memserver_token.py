@@ -14,6 +14,10 @@ from hbmcoll import memproto as ms
 from test_memserver import ENV, TOKEN, _free_port, write_token
 
 
+NO_SERVER = ("import hbmcoll\ntry:\n hbmcoll.RemoteBuffer('t', (4,), servers='127.0.0.1:1')\n"
+             "except PermissionError as e:\n print(e)")  # the token is refused before any server is asked
+
+
 def _server(token_file):
     """A server on token_file: (return code, its stderr); one that starts is stopped again."""
     p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", f"127.0.0.1:{_free_port()}",
@@ -36,9 +40,8 @@ def test_a_token_file_others_can_read_or_write_is_refused(tmp_path, mode):
     assert f"{mode:04o}" in text and f"chmod 600 {path}" in text, text
     rc, err = _server(path)  # the server refuses to start, in one line
     assert rc != 0 and err.count("\n") == 1 and f"chmod 600 {path}" in err, err
-    code = "import hbmcoll\ntry:\n hbmcoll.RemoteBuffer('t', (4,), servers='127.0.0.1:1')\nexcept PermissionError as e:\n print(e)"
     env = dict({k: v for k, v in ENV.items() if k != "HBMCOLL_TOKEN"}, HBMCOLL_TOKEN_FILE=str(path))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", NO_SERVER], env=env, capture_output=True, text=True, timeout=60)
     assert "HBMCOLL_TOKEN_FILE" in out.stdout and f"chmod 600 {path}" in out.stdout, (out.stdout, out.stderr)
     os.chmod(path, 0o600)
     assert ms.read_token(path) == TOKEN
@@ -53,8 +56,7 @@ def test_a_short_token_is_refused(tmp_path, token):
     assert rc != 0 and err.count("\n") == 1 and "at least 16 bytes" in err, err
     with pytest.raises(PermissionError, match="at least 16 bytes"):
         hbmcoll.RemoteBuffer("t", (4,), servers="127.0.0.1:1", token=token)
-    code = "import hbmcoll\ntry:\n hbmcoll.RemoteBuffer('t', (4,), servers='127.0.0.1:1')\nexcept PermissionError as e:\n print(e)"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(ENV, HBMCOLL_TOKEN=token), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", NO_SERVER], env=dict(ENV, HBMCOLL_TOKEN=token), capture_output=True,
                          text=True, timeout=60)
     assert "HBMCOLL_TOKEN" in out.stdout and "at least 16 bytes" in out.stdout, (out.stdout, out.stderr)
 
