@@ -32,7 +32,7 @@ import machine  # noqa: E402
 from netnodes import NetNodes, finish  # noqa: E402  (the namespaces the tests use too)
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HBMCOLL_QUIET="1", PYTHONPATH=os.path.join(ROOT, "pymod"),
-           HBMCOLL_JOB_KEY="b" * 32, HBMCOLL_TOKEN="bench-token")
+           HBMCOLL_JOB_KEY="b" * 32, HBMCOLL_TOKEN="bench-token-of-16-bytes-or-more")
 
 WORKER = r"""
 import os, sys, time, torch
@@ -80,7 +80,7 @@ def run_ddp(nodes, ranks, steps, port):
 
 def run_hybrid(nodes, ranks, steps, port, tmp, mode="hybrid"):
     token = os.path.join(tmp, "token")
-    with open(token, "w") as f:
+    with os.fdopen(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # the server wants it private
         f.write(ENV["HBMCOLL_TOKEN"])
     addr = f"{nodes.addrs[0]}:{port}"
     server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file", token,

@@ -35,6 +35,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "pymod"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 import machine  # noqa: E402
+
+TOKEN = "bench-token-of-16-bytes-or-more"  # a server refuses a token under 16 bytes
 from netnodes import NetNodes, finish  # noqa: E402  (the namespaces the tests use too)
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp,self", HBMCOLL_QUIET="1",
@@ -82,14 +84,14 @@ done(comm * iters / (iters - 1))
 
 def run_hbmcoll(nodes, workers, nbytes, compute, iters, tmp):
     token = os.path.join(tmp, "token")
-    with open(token, "w") as f:
-        f.write("bench-token")
+    with os.fdopen(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # the server wants it private
+        f.write(TOKEN)
     server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", "10.77.0.1:29980", "--token-file",
                              token, "--capacity", str(nbytes + (1 << 20))], stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         if " bytes for buffers at " not in server.stderr.readline():  # a refusal starts alike
             raise SystemExit("the memory server did not start")
-        env = dict(ENV, HBMCOLL_MEMSERVERS="10.77.0.1:29980", HBMCOLL_TOKEN="bench-token")
+        env = dict(ENV, HBMCOLL_MEMSERVERS="10.77.0.1:29980", HBMCOLL_TOKEN=TOKEN)
         procs = [nodes.popen(k + 1, [sys.executable, "-c", WORKER, "hbmcoll", str(nbytes), str(compute), str(iters)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env, W=str(k)))
                  for k in range(workers)]

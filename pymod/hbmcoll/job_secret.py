@@ -58,6 +58,18 @@ def _owned_private_dir(path):
             and stat.S_IMODE(st.st_mode) & 0o077 == 0)
 
 
+def shared_file_problem(st, path, what):
+    """Why a secret's file (st: its os.stat) must not be trusted, or None: like ssh with a key,
+    refuse one that group or others may read or write, or that another user owns."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        return (f"{what} {path} has mode {mode:04o}: group or others may read or write it; "
+                f"make it private with chmod 600 {path}")
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}) or root"
+    return None
+
+
 def private_dir(say=None):
     """A directory only this uid can read: $XDG_RUNTIME_DIR's, else one in the temp dir.
 
@@ -98,9 +110,12 @@ class Exchange:
         """(nonce, pid) of the file's live writer, or None."""
         try:
             with open(self.path) as f:
+                problem = shared_file_problem(os.fstat(f.fileno()), self.path, "the rendezvous file")
                 nonce, pid, started = f.read().split()
         except (OSError, ValueError):
             return None
+        if problem:  # rank 0 writes it 0600: someone else changed it
+            raise BootstrapError(problem)
         return (nonce, int(pid)) if _start_time(int(pid)) == int(started) else None
 
     def publish(self):

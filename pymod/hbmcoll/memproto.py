@@ -29,7 +29,11 @@ What a server guarantees (pymod/memserve.c applies it):
 import hashlib
 import hmac
 import json
+import math
+import os
 import struct
+
+from .job_secret import shared_file_problem
 
 # magic, op | flags | dtype << 16, buffer id, offset, length, alpha, number, fencing token, write id
 HEAD = struct.Struct("<IIQQQdQQQ")
@@ -49,7 +53,17 @@ DATA_TIMEOUT_S = 30.0              # a client's wait for a reply, unless it give
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
           "bfloat16", "float32", "float64", "complex64", "complex128")
 ACCUMULATES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
+MAX_LEASE_S = 86400.0              # a longer lease (or one not a finite number above 0) is refused
 ALIGN = 4096
+MIN_TOKEN_BYTES = 16               # a shorter token is refused (it could be guessed)
+MAX_MSG = 4096                     # a control message's (and a hello's) bytes at most
+HANDSHAKE_S = 5.0                  # a connection that has not proved the token by then is dropped
+
+
+def lease_ok(lease):
+    """A lock's lease as the server takes it: seconds, a finite number above 0, MAX_LEASE_S at most."""
+    return (isinstance(lease, (int, float)) and not isinstance(lease, bool) and math.isfinite(lease)
+            and 0 < lease <= MAX_LEASE_S)
 
 
 def dtype_code(name):
@@ -92,9 +106,23 @@ def proof(token, nonce):
     return hmac.new(token.encode(), b"hbmcoll-memserver:" + nonce, hashlib.sha256).hexdigest()
 
 
+def check_token(token, where):
+    """token, or PermissionError (naming where it came from) when it is too short to be secret."""
+    if len(token.encode()) < MIN_TOKEN_BYTES:
+        raise PermissionError(f"{where}: the token has {len(token.encode())} bytes; a token must have at least "
+                              f"{MIN_TOKEN_BYTES} bytes (draw one with python3 -c 'import secrets; "
+                              "print(secrets.token_hex(16))')")
+    return token
+
+
 def read_token(path):
+    """The token in the file at path; PermissionError if others may read or change the file (as
+    ssh refuses such a key), or if the token is empty or short."""
     with open(path) as f:
+        problem = shared_file_problem(os.fstat(f.fileno()), path, "the token file")
+        if problem:
+            raise PermissionError(problem)
         token = f.read().strip()
     if not token:
-        raise SystemExit(f"hbmcoll-memserver: the token file {path} is empty")
-    return token
+        raise PermissionError(f"the token file {path} is empty")
+    return check_token(token, f"the token file {path}")

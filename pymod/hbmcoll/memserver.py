@@ -16,6 +16,10 @@ grant carries a fencing token, increasing per buffer, which the data path checks
 made under the lock: a holder that lost its lock writes nothing). `open` answers with this
 server's instance id, new at every start, so a client tells a restarted server from a
 reconnection and never reads a new buffer for its old one.
+No connection can stall or kill the server (memserver_control.py): the handshakes and control
+messages are read and answered without blocking, in pieces as they come, a handshake has a
+deadline, every message a size limit and a check of its fields, and a bad sender is sent the
+reason and dropped alone.
 
 Data, one-sided, in C without the GIL (_core.MemServe, pymod/memserve.c): a client writes a
 request (a 64-byte head, then its bytes) into a half of its request slot, two in flight, with a
@@ -25,24 +29,27 @@ note carrying the request's number and status. The server alone touches the buff
 request at a time; a write cut in chunks is gathered aside and applied whole at its last
 chunk, so no read sees it half done or waits for it (memproto.py: the guarantees). Every
 request is checked against its buffer's bounds and dtype. This loop hands over to the
-control path whenever a socket stirs, and every 10 ms (lock leases, SIGTERM).
+control path whenever a socket stirs, and every 10 ms (lock leases, handshake
+deadlines, SIGTERM).
 """
 import argparse
 import collections
 import hmac
 import json
 import os
-import secrets
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 
 import numpy as np
 
-from .memproto import ALIGN, DTYPES, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token, recv_msg, send_msg
+from .memproto import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
+from .memserver_control import CLIENT, CLOSING, HELLO, Conn, Refused, check_hello, check_request
+
+MAX_HANDSHAKES = 64  # connections proving the token at once; past it, the longest waiting goes
+
 
 class Buffer:
     def __init__(self, bid, name, shape, dtype, base, nbytes):
@@ -54,11 +61,11 @@ class Buffer:
 
 
 class Client:
-    def __init__(self, index, sock, peer, slot):
-        self.index, self.sock, self.peer, self.slot = index, sock, peer, slot
+    def __init__(self, index, conn, peer, slot):
+        self.index, self.conn, self.peer, self.slot = index, conn, peer, slot
+        self.sock = conn.sock
         self.reply = slot + SLOT_BYTES        # the reply slot, in the server's pool
         self.reply_to = 0                     # where replies land in the client's pool
-        self.inbox = b""
 
 
 class Server:
@@ -72,6 +79,7 @@ class Server:
         self.data = _core.MemServe(self.ep, max_clients)
         self.free_slots = list(range(max_clients))[::-1]
         self.clients, self.buffers, self.by_name = {}, {}, {}
+        self.conns = {}  # every control connection (memserver_control.Conn), oldest first
         self.used = 0
         self.listener = socket.create_server((host, port), reuse_port=False)
         self.listener.setblocking(False)
@@ -86,64 +94,90 @@ class Server:
 
     # -- control --------------------------------------------------------------------------------
     def _accept(self):
-        sock, _ = self.listener.accept()
-        sock.settimeout(10)
-        index = None
-        try:
-            nonce = secrets.token_bytes(16)
-            send_msg(sock, {"nonce": nonce.hex()})
-            hello = recv_msg(sock)
-            if not hello or not hmac.compare_digest(str(hello.get("proof", "")), proof(self.token, nonce)):
-                send_msg(sock, {"error": "refused: the token does not match the server's"})
-                sock.close()
+        for _ in range(MAX_HANDSHAKES):  # what waits, a batch at a time
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:  # none left; or out of descriptors: it waits in the backlog
                 return
-            if not self.free_slots:
-                send_msg(sock, {"error": f"the server serves at most {len(self.clients)} clients"})
-                sock.close()
-                return
-            index = self.free_slots.pop()
-            client = Client(index, sock, self.ep.add_peer(bytes.fromhex(hello["card"])),
-                            self.capacity + index * 2 * SLOT_BYTES)
-            client.reply_to = int(hello["reply_to"])
-            self.data.add_client(index, client.peer, client.slot, client.reply, client.reply_to)
-            send_msg(sock, {"card": self.ep.card().hex(), "slot": client.slot, "slot_bytes": SLOT_BYTES,
-                            "client": index})
-        except (OSError, ValueError, KeyError, TypeError):
-            sock.close()
-            if index is not None:  # its slot goes back
-                self.data.drop_client(index)
-                self.free_slots.append(index)
-            return
-        sock.setblocking(False)
-        self.clients[index] = client
-        self.sel.register(sock, selectors.EVENT_READ, client)
+            starting = [c for c in self.conns if c.state == HELLO]
+            if len(starting) >= MAX_HANDSHAKES:
+                self._refuse(starting[0], f"refused: {MAX_HANDSHAKES} connections were proving the token at once; "
+                                          "this one had waited longest")
+            conn = Conn(sock, time.monotonic())
+            self.conns[conn] = None
+            self.sel.register(sock, selectors.EVENT_READ, conn)
+            self._watch(conn)
 
-    def _control(self, client):
+    def _hello(self, conn, hello):
+        """A connection's hello: its proof of the token, then its card and reply_to; it becomes a
+        client, or Refused."""
+        given = hello.get("proof")
+        want = proof(self.token, conn.nonce).encode()
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), want):
+            raise Refused("refused: the token does not match the server's")
+        check_hello(hello)
+        if not self.free_slots:
+            raise Refused(f"the server serves at most {len(self.clients)} clients")
+        index = self.free_slots.pop()
         try:
-            data = client.sock.recv(1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            return self._drop(client)
-        client.inbox += data
-        while len(client.inbox) >= 4:
-            n = struct.unpack_from("<I", client.inbox)[0]
-            if len(client.inbox) < 4 + n:
-                break
-            msg, client.inbox = json.loads(client.inbox[4:4 + n]), client.inbox[4 + n:]
-            answer = self._request(client, msg)
-            if answer is not None:
-                self._answer(client, answer)
+            client = Client(index, conn, self.ep.add_peer(bytes.fromhex(hello["card"])),
+                            self.capacity + index * 2 * SLOT_BYTES)
+            client.reply_to = hello["reply_to"]
+            self.data.add_client(index, client.peer, client.slot, client.reply, client.reply_to)
+        except Exception as exc:  # the card or reply_to the bridge refused: this client's fault alone
+            self.free_slots.append(index)
+            raise Refused(f"hello: the bridge refused the client's endpoint: {exc}") from None
+        conn.state, conn.deadline, conn.client = CLIENT, None, client
+        self.clients[index] = client
+        if not conn.send({"card": self.ep.card().hex(), "slot": client.slot, "slot_bytes": SLOT_BYTES,
+                          "client": index}):
+            self._drop(client)
+
+    def _stir(self, conn, events):
+        """A connection's socket is ready (events): its answers out, its messages in and handled."""
+        if conn not in self.conns:
+            return  # closed earlier in this round
+        if (events & selectors.EVENT_WRITE and not conn.flush()) or \
+                (events & selectors.EVENT_READ and not conn.receive()):  # it failed, or hung up
+            return self._drop(conn.client) if conn.state == CLIENT else self._close(conn)
+        try:
+            while conn in self.conns and conn.state != CLOSING and (msg := conn.next_message()) is not None:
+                if conn.state == HELLO:
+                    self._hello(conn, msg)
+                else:
+                    check_request(msg)
+                    answer = self._request(conn.client, msg)
+                    if answer is not None:
+                        self._answer(conn.client, answer)
+        except Refused as why:
+            self._refuse(conn, str(why))
+        if conn in self.conns:
+            self._watch(conn)
+
+    def _watch(self, conn):
+        """Wake for conn's socket to take its answers only while some wait."""
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+        if self.sel.get_key(conn.sock).events != events:
+            self.sel.modify(conn.sock, events, conn)
+
+    def _refuse(self, conn, why):
+        """conn's sender is told why, and dropped alone."""
+        if conn.state == CLIENT:
+            return self._drop(conn.client, why)
+        if conn.state != CLOSING:
+            conn.goodbye(why, time.monotonic())
+            self._watch(conn)
+
+    def _close(self, conn):
+        if conn in self.conns:
+            del self.conns[conn]
+            self.sel.unregister(conn.sock)
+            conn.sock.close()
 
     def _answer(self, client, obj):
-        try:
-            client.sock.setblocking(True)
-            send_msg(client.sock, obj)
-            client.sock.setblocking(False)
-        except OSError:
-            self._drop(client)
+        if not client.conn.send(obj):
+            return self._drop(client)
+        self._watch(client.conn)
 
     def _request(self, client, msg):
         op = msg.get("op")
@@ -210,14 +244,18 @@ class Server:
         if buf.token:
             self.data.set_fence(buf.id, buf.token, 0)
 
-    def _drop(self, client):
-        """A client gone: its slots, holds, parked requests and locks go with it."""
+    def _drop(self, client, why=None):
+        """A client gone (told why, when given): its slots, holds, parked requests and locks go
+        with it."""
         if self.clients.get(client.index) is not client:
             return
         del self.clients[client.index]
         self.data.drop_client(client.index)
-        self.sel.unregister(client.sock)
-        client.sock.close()
+        if why is None:
+            self._close(client.conn)
+        else:
+            client.conn.goodbye(why, time.monotonic())
+            self._watch(client.conn)
         self.free_slots.append(client.index)
         for buf in self.buffers.values():
             buf.lock_waiters = collections.deque((c, s) for c, s in buf.lock_waiters if c is not client)
@@ -228,15 +266,21 @@ class Server:
     # -- the loop ------------------------------------------------------------------------------
     def serve(self):
         while not self.stopping:
-            fds = [self.listener.fileno()] + [c.sock.fileno() for c in self.clients.values()]
+            fds = [self.listener.fileno()] + [c.fileno() for c in self.conns]
             for index in self.data.serve(fds, 0.01):  # the clients whose answers could not leave
                 if index in self.clients:
                     self._drop(self.clients[index])
-            for key, _ in self.sel.select(timeout=0):
+            for key, events in self.sel.select(timeout=0):
                 if key.data is None:
                     self._accept()
                 else:
-                    self._control(key.data)
+                    self._stir(key.data, events)
+            now = time.monotonic()
+            for conn in [c for c in self.conns if c.deadline is not None and now > c.deadline]:
+                if conn.state == HELLO:
+                    self._refuse(conn, f"refused: the handshake did not end within {HANDSHAKE_S:g} s")
+                else:  # a dropped connection's time to read its error is over
+                    self._close(conn)
             for buf in self.buffers.values():
                 if buf.lock_holder is not None and time.monotonic() > buf.lease_until:
                     self._grant(buf)
@@ -244,6 +288,8 @@ class Server:
     def close(self):
         for client in list(self.clients.values()):
             self._drop(client)
+        for conn in list(self.conns):
+            self._close(conn)
         self.sel.close()
         self.listener.close()
         try:
@@ -284,7 +330,8 @@ def start_beside(k, host, ports, token, capacity="1G"):
     import subprocess
     import tempfile
     where = tempfile.mkdtemp(prefix="hbmcoll-memserver-")  # 0700: the token stays ours
-    with open(os.path.join(where, "token"), "w") as f:
+    fd = os.open(os.path.join(where, "token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # read_token's mode
+    with os.fdopen(fd, "w") as f:
         f.write(token)
     procs, addrs = [], []
 
@@ -343,7 +390,11 @@ def main(argv=None):
     host, _, port = a.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT")
-    server = Server(host, int(port), read_token(a.token_file), parse_size(a.capacity), a.iface, memory=a.memory)
+    try:
+        token = read_token(a.token_file)
+    except OSError as exc:
+        raise SystemExit(f"hbmcoll-memserver: {exc}") from None
+    server = Server(host, int(port), token, parse_size(a.capacity), a.iface, memory=a.memory)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stopping", True))
     print(server.describe(), file=sys.stderr, flush=True)
     try:

@@ -59,16 +59,21 @@ def _servers(servers):
 
 
 def _token(token):
-    if token is None:
-        token = os.environ.get("HBMCOLL_TOKEN")
-    if token is None and os.environ.get("HBMCOLL_TOKEN_FILE"):
+    if token is not None:
+        return ms.check_token(token, "RemoteBuffer token=") if token else _no_token()
+    if os.environ.get("HBMCOLL_TOKEN") is not None:
+        token = os.environ["HBMCOLL_TOKEN"]
+        return ms.check_token(token, "HBMCOLL_TOKEN") if token else _no_token()
+    if os.environ.get("HBMCOLL_TOKEN_FILE"):
         try:
-            token = ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])
-        except (OSError, SystemExit) as exc:
+            return ms.read_token(os.environ["HBMCOLL_TOKEN_FILE"])
+        except OSError as exc:
             raise PermissionError(f"HBMCOLL_TOKEN_FILE: {exc}") from None
-    if not token:
-        raise PermissionError("RemoteBuffer: no token: pass token= or set HBMCOLL_TOKEN or HBMCOLL_TOKEN_FILE")
-    return token
+    return _no_token()
+
+
+def _no_token():
+    raise PermissionError("RemoteBuffer: no token: pass token= or set HBMCOLL_TOKEN or HBMCOLL_TOKEN_FILE")
 
 
 class _Connection:
@@ -261,6 +266,8 @@ class RemoteBuffer:
 
     def __init__(self, name, shape, dtype="float32", servers=None, token=None, timeout=None):
         self.name, self.shape = name, tuple(int(d) for d in (shape if hasattr(shape, "__len__") else (shape,)))
+        if any(d < 0 for d in self.shape):  # the server would drop the connection
+            raise ArgumentError(f"RemoteBuffer {name!r}: shape {self.shape}: sizes must not be negative")
         self.dtype = _dtype_name(dtype)
         self.itemsize = ms.itemsize(self.dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
@@ -330,7 +337,8 @@ class RemoteBuffer:
         parts, wid = self._live(), _wid()
         if len(parts) == 1:
             return parts[0][0].run(self._chunks(ms.WRITE, raw, parts[0], fence=self._fence(), wid=wid))
-        with self.lock(timeout=self._parts[0][0].timeout, lease=max(ms.LEASE_S, self._parts[0][0].timeout or 0)):
+        with self.lock(timeout=self._parts[0][0].timeout,
+                       lease=min(max(ms.LEASE_S, self._parts[0][0].timeout or 0), ms.MAX_LEASE_S)):
             fence = self._fence()
             for part in parts:
                 part[0].run(self._chunks(ms.WRITE, raw, part, ms.STAGE, fence=fence, wid=wid))
@@ -438,6 +446,9 @@ class _Lock:
 
     def __init__(self, rb, timeout, lease):
         self.rb, self.timeout, self.lease = rb, timeout, lease
+        if lease is not None and not ms.lease_ok(lease):  # the server would drop the connection
+            raise ArgumentError(f"RemoteBuffer {rb.name!r}: lock lease {lease!r}: a number of seconds, more than 0 "
+                                f"and at most {ms.MAX_LEASE_S:g}")
 
     def __enter__(self):
         self.conn, self.bid = conn, bid = self.rb._live()[0][:2]

@@ -31,6 +31,14 @@ TOKEN = "memserver-test-token"
 ENV = dict(os.environ, PYTHONPATH=PYMOD, HBMCOLL_TOKEN=TOKEN, FI_PROVIDER="tcp")
 
 
+def write_token(path, token=TOKEN):
+    """A token file as a server wants it: readable by its owner alone. path."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -41,7 +49,7 @@ def _free_port():
 def servers(tmp_path):
     """start(k) -> "host:port,..." of k fresh servers; each is stopped (SIGTERM) afterwards."""
     procs = []
-    (tmp_path / "token").write_text(TOKEN + "\n")
+    write_token(tmp_path / "token")
 
     def start(k=1):
         addrs = []
@@ -163,7 +171,7 @@ def test_concurrent_accumulates_lose_nothing_and_reads_are_whole(servers):
 def test_refusals(servers):
     addrs = servers(1)
     with pytest.raises(PermissionError, match="token does not match"):
-        hbmcoll.RemoteBuffer("r", (10,), "float32", servers=addrs, token="wrong")
+        hbmcoll.RemoteBuffer("r", (10,), "float32", servers=addrs, token="a-wrong-token-but-long-enough")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HBMCOLL_TOKEN")}
     code = "import hbmcoll\ntry:\n hbmcoll.RemoteBuffer('r', (10,), servers=%r)\nexcept PermissionError as e:\n print(e)" % addrs
     out = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=PYMOD), capture_output=True, text=True)
@@ -205,7 +213,7 @@ def test_the_pool_goes_where_the_plan_says_and_the_line_says_where(tmp_path):
     """HBM named by HBMCOLL_HBM_NODES (this host has none): the pool lands there and the server's
     line says so; --memory ddr keeps it in DDR; --memory hbm on a node without HBM is refused in
     one line. (The QEMU guests check the pages of the same allocation in each KNL mode.)"""
-    (tmp_path / "token").write_text(TOKEN)
+    write_token(tmp_path / "token")
     argv = [sys.executable, "-m", "hbmcoll.memserver", "--token-file", str(tmp_path / "token"), "--capacity", "4M"]
     for extra, memory, want in [({"HBMCOLL_HBM_NODES": "0"}, "auto", "pool in HBM (node 0)"),
                                 ({"HBMCOLL_HBM_NODES": "0"}, "ddr", "pool in DDR (node 0)"),
@@ -270,7 +278,7 @@ def test_servers_and_workers_on_emulated_nodes(emulated_nodes, tmp_path):
     runs on their veth interface, not loopback; accumulates from both stay exact."""
     import netnodes
     nodes = emulated_nodes(3)
-    (tmp_path / "token").write_text(TOKEN)
+    write_token(tmp_path / "token")
     server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", "10.77.0.1:29990",
                              "--token-file", str(tmp_path / "token"), "--capacity", "16M"],
                          stderr=subprocess.PIPE, text=True, env=ENV)
