@@ -37,6 +37,7 @@ import collections
 import hmac
 import json
 import os
+import secrets
 import selectors
 import signal
 import socket

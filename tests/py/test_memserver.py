@@ -388,10 +388,16 @@ def test_the_overlapped_exchange_loses_no_step_and_takes_in_the_others(servers):
             if w.ready():
                 merged[k] += w.merge(f)
                 w.begin(f)
-    for w, f in zip(workers, flats):
-        w.finish(f)
-    assert (workers[0].buffer.read() == 120).all()
     assert all(m > 0 for m in merged) and all((f > 60).all() for f in flats), (merged, [f.min() for f in flats])
+    # finish() waits for the other worker, so the two finish at once; both end on the servers' sum
+    import threading
+    ends = [threading.Thread(target=w.finish, args=(f,), kwargs={"overlapped": True}) for w, f in zip(workers, flats)]
+    for t in ends:
+        t.start()
+    for t in ends:
+        t.join(90)
+    assert (workers[0].buffer.read() == 120).all()
+    assert all((f == 120).all() for f in flats), [f.min() for f in flats]
 
 
 RUN_JOB = r"""

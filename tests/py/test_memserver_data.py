@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hbmcoll
-from test_memserver import ENV, TOKEN, _clients, _free_port, servers  # noqa: F401 (a fixture)
+from test_memserver import ENV, TOKEN, _clients, _free_port, servers, write_token  # noqa: F401 (a fixture)
 
 
 def _client(code, addrs, **env):
@@ -269,7 +269,7 @@ print("new read:", fresh.read().tolist())
 
 
 def test_11_a_client_reaches_a_restarted_server(tmp_path):
-    (tmp_path / "token").write_text(TOKEN)
+    write_token(tmp_path / "token")
     addr = f"127.0.0.1:{_free_port()}"
     argv = [sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file", str(tmp_path / "token"),
             "--capacity", "4M"]

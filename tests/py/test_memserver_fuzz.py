@@ -118,13 +118,14 @@ def _bad_hello(rng, addr, card):
 
 
 BASE = {"open": {"op": "open", "name": "fuzz-open", "shape": [4], "whole": [2, 2], "dtype": "float32"},
-        "lock": {"op": "lock", "id": 1, "lease": 5}, "unlock": {"op": "unlock", "id": 1},
+        "lock": {"op": "lock", "id": 1, "lease": 5}, "unlock": {"op": "unlock", "id": 1, "token": 1},
         "cancel": {"op": "cancel", "id": 1}}
 BAD = {"name": ["n" * 1100, 7, None, [], {}],
        "shape": [[-1], [True], [1.5], ["4"], [1 << 61], [1] * 33, [1 << 40, 1 << 40], 4, None, "4", {}],
-       "dtype": ["complex64", "", "float32 ", 1, None, ["float32"]],
+       "dtype": ["complex32", "object", "", "float32 ", 1, None, ["float32"]],
        "id": ["1", 1.0, True, None, -1, 0, 1 << 40, [1], {}],
        "lease": ["soon", -1, 0, float("nan"), float("inf"), 1e9, True, [5], {}],
+       "token": ["1", -1, 1.5, True, 1 << 64, [1], {}],
        "op": ["frobnicate", "OPEN", 5, None, [], ""]}
 BAD["whole"] = BAD["shape"]
 
@@ -142,7 +143,7 @@ def _bad_request(rng, addr, card):
     else:
         msg = dict(BASE[rng.choice(list(BASE))])
         field = rng.choice([f for f in BAD if f in msg])
-        if rng.random() < 0.15 and field not in ("whole", "lease"):
+        if rng.random() < 0.15 and field not in ("whole", "lease", "token"):
             del msg[field]  # a required field missing
         else:
             msg[field] = rng.choice(BAD[field])
@@ -156,8 +157,9 @@ def _junk_data(rng, conn, own, avoid):
     bid = rng.choice([own[0], own[0], 0, avoid + 1000, rng.randrange(1 << 64)])
     if bid == avoid:
         bid = own[0]
-    op = rng.choice([ms.WRITE, ms.ACCUMULATE, ms.READ, 0, 4, 255])
-    op |= rng.choice([0, ms.FIRST, ms.LAST, ms.FIRST | ms.LAST])
+    op = rng.choice([ms.WRITE, ms.ACCUMULATE, ms.READ, ms.COMMIT, 0, 5, 255])
+    op |= rng.choice([0, ms.FIRST, ms.LAST, ms.FIRST | ms.LAST]) | rng.choice([0, 0, ms.STAGE])
+    op |= rng.choice([0, rng.randrange(1, len(ms.DTYPES) + 1), rng.randrange(256)]) << 16  # the dtype code
     if rng.random() < 0.1:
         op = rng.randrange(1 << 32)
     off = rng.choice([0, rng.randrange(own[1] + 8), own[1], (1 << 64) - 1, rng.randrange(1 << 64)])
@@ -167,7 +169,9 @@ def _junk_data(rng, conn, own, avoid):
     with conn.lock:  # as remote._Connection._post writes a request, with these fields
         number, half = (conn.number + 1) & ms.NUMBER, conn.half
         at = half * ms.HALF
-        ms.HEAD.pack_into(conn.pool, at, magic, op, bid, off, length, alpha, number)
+        fence = rng.choice([0, 1, rng.randrange(1 << 64)])  # a lock's fencing token it does not hold
+        wid = rng.choice([0, rng.randrange(1 << 64)])
+        ms.HEAD.pack_into(conn.pool, at, magic, op, bid, off, length, alpha, number, fence, wid)
         conn.ep.write(conn.peer, at, conn.slot + at, ms.HEAD_BYTES + min(length, own[1]), conn.index | (half << 16), 20)
         conn.number, conn.half = number, half ^ 1
         conn._reply(number, half, 0, None)

@@ -119,7 +119,7 @@ BAD_REQUESTS = [  # (the message, words the error names)
     ({"op": "open", "name": "b", "shape": 4, "dtype": "float32"}, ["shape"]),
     ({"op": "open", "name": "b", "shape": [1 << 62, 4], "dtype": "float32"}, ["shape"]),
     ({"op": "open", "name": "b", "shape": [4], "whole": [True], "dtype": "float32"}, ["whole"]),
-    ({"op": "open", "name": "b", "shape": [4], "dtype": "complex64"}, ["dtype", "float32"]),
+    ({"op": "open", "name": "b", "shape": [4], "dtype": "complex32"}, ["dtype", "float32"]),
     ({"op": "open", "name": 5, "shape": [4], "dtype": "float32"}, ["name"]),
     ({"op": "open", "name": "n" * 2000, "shape": [4], "dtype": "float32"}, ["name", "2000"]),
     ({"op": "lock", "id": 1, "lease": "soon"}, ["lease", "soon"]),
