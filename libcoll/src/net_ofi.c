@@ -308,23 +308,20 @@ static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_
   if (n) n->watch_fd = -1;
   if (rc == 0) {
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_RMA;
     hints->mode = FI_RX_CQ_DATA;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (iface && (hints->domain_attr->name = strdup(iface)) == NULL) rc = -ENOMEM;
   }
-  /* sources and ordering where the provider has them (tcp;ofi_rxm, shm, verbs;ofi_rxm), else
-   * without: first both, then FI_SOURCE alone, then neither */
-  static const uint64_t caps[3] = {FI_SOURCE, FI_SOURCE, 0}, order[3] = {FI_ORDER_SAW, 0, 0};
-  for (int v = 0; rc == 0 && v < 3; v++) {
-    hints->caps = FI_MSG | FI_RMA | caps[v];
-    hints->tx_attr->msg_order = hints->rx_attr->msg_order = order[v];
+  /* sources where the provider has them (tcp;ofi_rxm, shm, verbs;ofi_rxm), else none. Not
+   * FI_ORDER_SAW: rxm says it has it unasked, and asked, shm gives up virtual addresses */
+  for (int v = 0; rc == 0 && v < 2; v++) {
+    hints->caps = FI_MSG | FI_RMA | (v == 0 ? FI_SOURCE : 0);
     if (list) net_fi.freeinfo(list), list = NULL;
     rc = net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list);
     if (rc == 0 && net_pick(list, iface) == NULL) rc = -FI_ENODATA;
-    if (rc == -FI_ENODATA && v < 2) rc = 0;
+    if (rc == -FI_ENODATA && v == 0) rc = 0;
     else break;
   }
   if (rc && rc != -ENOMEM) {
