@@ -10,6 +10,7 @@
  *   b.allgather(buf, timeout=0)
  *   b.pool() -> memoryview; b.write(peer, frm, to, length, note, timeout=0)   # the raw calls
  *   b.poll(timeout) -> note or None; b.flush(timeout=0)                       # (memory servers)
+ *   b.dropped() -> int: notes refused (from no peer of this endpoint)
  *   b.close()
  *
  * One thread at a time (the caller's lock); every call that can block runs without the
@@ -250,7 +251,8 @@ static PyObject *bridge_pool(hb_bridge_t *self, PyObject *unused) {
 }
 
 /* write(peer, frm, to, length, note, timeout=0): a write the provider keeps refusing (a peer that
- * stopped reading) fails after timeout seconds (0: never). */
+ * stopped reading) fails after timeout seconds (0: never). The note travels as a message behind
+ * the bytes, so the peer knows who sent it (a memory server checks a note's client against it). */
 static PyObject *bridge_write(hb_bridge_t *self, PyObject *args) {
   int peer;
   Py_ssize_t frm, to, length;
@@ -266,8 +268,8 @@ static PyObject *bridge_write(hb_bridge_t *self, PyObject *args) {
   int rc;
   self->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  rc = coll__net_write(self->net, peer, (size_t)frm, (size_t)to, (size_t)length, (uint32_t)note, NULL, err,
-                       sizeof err);
+  rc = coll__net_write_sourced(self->net, peer, (size_t)frm, (size_t)to, (size_t)length, (uint32_t)note, NULL,
+                               err, sizeof err);
   Py_END_ALLOW_THREADS
   self->busy = 0;
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL;
@@ -334,6 +336,12 @@ static PyObject *bridge_flush(hb_bridge_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *bridge_dropped(hb_bridge_t *self, PyObject *unused) {
+  (void)unused;
+  if (!bridge_usable(self)) return NULL;
+  return PyLong_FromUnsignedLongLong(coll__net_dropped(self->net));
+}
+
 static PyObject *bridge_close(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (self->busy) return hb_bad_arg("the bridge is in use by another thread");
@@ -363,6 +371,7 @@ static PyMethodDef bridge_methods[] = {
      "write(peer, frm, to, length, note, timeout=0): my pool's bytes into the peer's, with a 32-bit note"},
     {"poll", (PyCFunction)bridge_poll, METH_VARARGS, "poll(timeout=0) -> a peer's note, or None"},
     {"flush", (PyCFunction)bridge_flush, METH_VARARGS, "flush(timeout=0): until my writes completed"},
+    {"dropped", (PyCFunction)bridge_dropped, METH_NOARGS, "notes refused: from addresses that are no peers"},
     {"close", (PyCFunction)bridge_close, METH_NOARGS, "release the endpoint"},
     {NULL, NULL, 0, NULL}};
 

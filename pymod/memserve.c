@@ -15,13 +15,18 @@
  * - A striped write's parts are staged whole (MS_STAGE) and then committed, part 0 first: once
  *   part 0 is in, a read of another part that names part 0's write id commits it there too, so
  *   a writer that stops between its commits leaves no torn buffer behind.
+ * - A note counts only from the client it names (its sender, as the bridge reports it, is that
+ *   client's peer): any other is dropped and counted (dropped()), so no one can push another
+ *   client's requests or end it.
  * The protocol is memproto.py's: protocol() gives the numbers for a test to compare.
  */
 #include "core.h"
 
 #include <poll.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coll_internal.h" /* coll__axpy */
 #include "net.h"
@@ -96,6 +101,7 @@ typedef struct {
   int *dropped; /* clients dropped by a failed reply, for Python to close */
   int ndropped;
   double swept;
+  uint64_t forged; /* notes not from the client they name (or from no known sender) */
 } ms_t;
 
 static void ms_apply(ms_t *s, int c, const ms_head_t *h, int half);
@@ -291,10 +297,24 @@ static void ms_sweep(ms_t *s, double now) {
     }
 }
 
-/* A client's note: its request goes in order of the numbers. */
-static void ms_note(ms_t *s, uint32_t note) {
+/* A note that does not come from the client it names: dropped, counted, said once. */
+static void ms_forged(ms_t *s, int c, int peer) {
+  if (s->forged++ == 0) {
+    char line[200];
+    int len = snprintf(line, sizeof line, "hbmcoll: the memory server dropped a note naming client %d from %s; "
+                       "such notes are counted and not said again\n", c, peer < 0 ? "an unknown sender" :
+                       "another client");
+    if (len > 0 && write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1) < 0) {
+      /* nowhere to report a failed warning */
+    }
+  }
+}
+
+/* A client's note (peer: its sender's peer number, -1 unknown): its request goes in order of the
+ * numbers. */
+static void ms_note(ms_t *s, uint32_t note, int peer) {
   int c = (int)(note & 0xFFFF), half = (int)((note >> 16) & 1);
-  if (c >= s->nclients || !s->clients[c].used) return;
+  if (c >= s->nclients || !s->clients[c].used || peer < 0 || s->clients[c].peer != peer) return ms_forged(s, c, peer);
   ms_client_t *cl = &s->clients[c];
   if (cl->nearly == 2) { /* more in flight than the protocol lets a client have */
     if (s->ndropped <= s->nclients) s->dropped[s->ndropped++] = c;
@@ -341,9 +361,10 @@ static PyObject *ms_serve(ms_t *s, PyObject *args) {
   char err[320];
   for (unsigned spins = 1;; spins++) {
     uint32_t note;
-    int rc = coll__net_poll(s->net, &note, err, sizeof err);
+    int peer;
+    int rc = coll__net_poll_from(s->net, &note, &peer, err, sizeof err);
     if (rc == 1) {
-      ms_note(s, note);
+      ms_note(s, note, peer);
       start = hb_now();
       if (s->ndropped) break; /* Python closes their sockets */
       continue;
@@ -427,6 +448,11 @@ static PyObject *ms_version(ms_t *s, PyObject *args) {
   return Py_BuildValue("KK", (unsigned long long)s->bufs[id - 1].version, (unsigned long long)s->bufs[id - 1].wid);
 }
 
+static PyObject *ms_forged_count(ms_t *s, PyObject *unused) {
+  (void)unused;
+  return PyLong_FromUnsignedLongLong(s->forged);
+}
+
 static PyObject *ms_protocol(PyObject *cls, PyObject *unused) {
   (void)cls, (void)unused;
   return Py_BuildValue("{s:i,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:i,s:d,s:(iiiiii)}", "HEAD_BYTES",
@@ -485,6 +511,7 @@ static PyMethodDef ms_methods[] = {
     {"add_buffer", (PyCFunction)ms_add_buffer, METH_VARARGS, "add_buffer(id, base, nbytes, dtype, code, itemsize)"},
     {"set_fence", (PyCFunction)ms_set_fence, METH_VARARGS, "set_fence(id, token, lease): the lock's grant"},
     {"version", (PyCFunction)ms_version, METH_VARARGS, "version(id) -> (version, the last write's id)"},
+    {"dropped", (PyCFunction)ms_forged_count, METH_NOARGS, "notes dropped: not from the client they name"},
     {"protocol", (PyCFunction)ms_protocol, METH_NOARGS | METH_STATIC, "the protocol's numbers (memproto.py's)"},
     {NULL, NULL, 0, NULL}};
 

@@ -31,7 +31,8 @@
 
 typedef struct coll__net coll__net_t;
 
-/* A rank's card: what a peer needs to reach its endpoint and write into its pool. */
+/* A rank's card: what a peer needs to reach its endpoint and write into its pool (its address,
+ * and the pool's key, drawn at random: a secret, to send over an authenticated channel only). */
 #define COLL_NET_CARD_MAX 256
 
 /* Open an endpoint and register a pool of pool_bytes (page aligned, zeroed) for remote
@@ -92,8 +93,21 @@ int coll__net_write_from(coll__net_t *net, int peer, const void *src, size_t len
 /* Until every write I posted completed (my pool may be reused). */
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
 /* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a
- * failure (a peer's endpoint went away, the link failed) with a sentence in err. */
+ * failure (a peer's endpoint went away, the link failed) with a sentence in err. A note from an
+ * address that is no peer added here is dropped (coll__net_dropped counts it), never returned. */
 int coll__net_poll(coll__net_t *net, uint32_t *note_p, char *err, size_t errlen);
+/* The same, with *peer_p the note's sender: its peer number for a note sent with
+ * coll__net_write_sourced, -1 for one that came with a write (the pool's key vouches that a
+ * peer sent it, but providers do not say which: rxm reports no source for remote writes). */
+int coll__net_poll_from(coll__net_t *net, uint32_t *note_p, int *peer_p, char *err, size_t errlen);
+/* coll__net_write, with the note sent as a message behind the bytes (ordered after them, or sent
+ * once the write completed where the provider does not order them), so that the peer's
+ * coll__net_poll_from names this endpoint: one message more than coll__net_write. */
+int coll__net_write_sourced(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                            uint64_t *sent_p, char *err, size_t errlen);
+/* Notes dropped so far: from addresses that are no peers, or messages that were no notes (the
+ * first one is also said once on stderr). */
+uint64_t coll__net_dropped(const coll__net_t *net);
 
 /* What a wait does after its `spins`-th poll that brought nothing: after a few, give the core
  * away (a rank of this node, or the kernel's network work, may need it to make our progress). */

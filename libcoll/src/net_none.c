@@ -56,6 +56,16 @@ int coll__net_poll(coll__net_t *net, uint32_t *note_p, char *err, size_t errlen)
   (void)net, (void)note_p, (void)err, (void)errlen;
   return COLL_ENOTSUP;
 }
+int coll__net_poll_from(coll__net_t *net, uint32_t *note_p, int *peer_p, char *err, size_t errlen) {
+  (void)net, (void)note_p, (void)peer_p, (void)err, (void)errlen;
+  return COLL_ENOTSUP;
+}
+int coll__net_write_sourced(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                            uint64_t *sent_p, char *err, size_t errlen) {
+  (void)net, (void)peer, (void)from, (void)to, (void)len, (void)note, (void)sent_p, (void)err, (void)errlen;
+  return COLL_ENOTSUP;
+}
+uint64_t coll__net_dropped(const coll__net_t *net) { return (void)net, 0; }
 #else
 typedef int coll__net_none_unused; /* ISO C wants a declaration in every file */
 #endif

@@ -10,6 +10,19 @@
  *  - FI_RX_CQ_DATA: where remote CQ data consumes a posted receive (verbs), receives of no
  *    bytes are kept posted.
  *  - cq_data_size: at least the 4 bytes of a note, else the provider is refused.
+ * Keys are secrets (DESIGN.md, Security model): where we pick the pool's key it is drawn with
+ * getrandom(2) (mr_key_size bytes), and it leaves only in the card, which the callers send over
+ * authenticated channels only. There is no random base: libfabric 1.17 ignores fi_mr_reg's
+ * offset (its man page: "reserved for future use and must be 0"; the util MR map overwrites
+ * it), so without FI_MR_VIRT_ADDR remote addresses are offsets from 0 and the key alone guards.
+ * A write with a wrong key is refused by the target's provider, which drops the connection.
+ * Notes and their senders (checked here with tcp;ofi_rxm): with FI_SOURCE, a message's
+ * completion names its sender (or FI_ADDR_NOTAVAIL for an address never added), but a remote
+ * write's carries no source (rxm writes it without one; fi_cq_readfrom says 0, a real peer's
+ * number). So a note that came with a write is vouched for by the key only (poll says
+ * "peer unknown"), and where the sender matters it travels as a message after the bytes
+ * (coll__net_write_sourced, FI_ORDER_SAW); a message from an address that is no peer is
+ * dropped and counted, and so is any message with bytes (ours carry none).
  * Progress is manual on tcp: every call that waits reads the completion queue, and notes
  * that arrive while a flush waits for its own writes are queued for the next poll.
  *
@@ -34,15 +47,16 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "coll.h"
 
 #define NET_VERSION FI_VERSION(1, 9)
-#define NET_RX_POSTED 64          /* empty receives kept posted under FI_RX_CQ_DATA */
+#define NET_RX_POSTED 64          /* empty receives kept posted (message notes; FI_RX_CQ_DATA) */
 #define NET_CARD_MAGIC 0x48424e43u /* "HBNC" */
-#define NET_KEY 0xC011u            /* the key we pick where the provider lets us */
 #define NET_INTERRUPT_S 0.03       /* how often an idle wait asks whether to stop (Ctrl-C) */
 
 typedef struct {
@@ -54,6 +68,11 @@ typedef struct {
   fi_addr_t addr;
   uint64_t base, key;
 } net_peer_t;
+
+typedef struct {
+  uint32_t note;
+  int peer; /* -1: came with a write (the key vouches, the provider does not say who) */
+} net_note_t;
 
 struct coll__net {
   struct fi_info *info; /* the one entry chosen (a copy) */
@@ -68,6 +87,9 @@ struct coll__net {
   size_t pool_bytes;
   uint64_t key;
   int virt_addr, rx_cq_data;
+  int source; /* FI_SOURCE: a message's completion names its sender */
+  int saw;    /* FI_ORDER_SAW: a message sent after a write arrives after its bytes */
+  uint64_t dropped; /* notes refused: from no peer of ours, or messages with bytes */
   int mr_local; /* FI_MR_LOCAL: what we write from must be registered (verbs) */
   int own_pool; /* the pool is ours to unmap (not the caller's) */
   int (*interrupt_fn)(void *);
@@ -76,7 +98,7 @@ struct coll__net {
   net_peer_t *peers;
   int npeers, cap;
   uint64_t posted, completed; /* my writes */
-  uint32_t *queued;           /* notes that arrived during a flush */
+  net_note_t *queued;         /* notes that arrived during a flush */
   size_t nqueued, qcap, qhead;
   double timeout_s; /* bounds a write's retries and a flush; 0: none */
   int watch_fd;     /* a connection that closes when a node goes away; -1: none */
@@ -196,6 +218,19 @@ static int net_post_receives(coll__net_t *n, int count) {
   return 0;
 }
 
+/* A key of key_size bytes (at most 8) from getrandom(2), never 0: 0 or -errno. */
+static int net_draw_key(size_t key_size, uint64_t *key_p) {
+  uint64_t key = 0;
+  while (key == 0) {
+    ssize_t got = getrandom(&key, sizeof key, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got != (ssize_t)sizeof key) return got < 0 ? -errno : -EIO;
+    if (key_size > 0 && key_size < sizeof key) key &= (UINT64_C(1) << (8 * key_size)) - 1;
+  }
+  *key_p = key;
+  return 0;
+}
+
 static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
   struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
@@ -215,9 +250,12 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
     return net_fail(err, errlen, rc, "fi_ep_bind");
   if ((rc = fi_enable(n->ep)) != 0) return net_fail(err, errlen, rc, "fi_enable");
   uint64_t mr_mode = (uint64_t)n->info->domain_attr->mr_mode;
-  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-  if ((rc = fi_mr_reg(n->domain, n->pool, n->pool_bytes, access, 0,
-                      mr_mode & FI_MR_PROV_KEY ? 0 : NET_KEY, 0, &n->mr, NULL)) != 0)
+  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, key = 0;
+  if (!(mr_mode & FI_MR_PROV_KEY) && (rc = net_draw_key(n->info->domain_attr->mr_key_size, &key)) != 0) {
+    snprintf(err, errlen, "could not draw the pool's key (getrandom): %s", strerror(-rc));
+    return rc;
+  }
+  if ((rc = fi_mr_reg(n->domain, n->pool, n->pool_bytes, access, 0, key, 0, &n->mr, NULL)) != 0)
     return net_fail(err, errlen, rc, "fi_mr_reg (the pool)");
   if (mr_mode & FI_MR_ENDPOINT) {
     if ((rc = fi_mr_bind(n->mr, &n->ep->fid, 0)) != 0 || (rc = fi_mr_enable(n->mr)) != 0)
@@ -228,8 +266,11 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
   n->virt_addr = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   n->mr_local = (mr_mode & FI_MR_LOCAL) != 0;
   n->rx_cq_data = (n->info->mode & FI_RX_CQ_DATA) != 0;
-  if (n->rx_cq_data && (rc = net_post_receives(n, NET_RX_POSTED)) != 0)
-    return net_fail(err, errlen, rc, "fi_recv");
+  n->source = (n->info->caps & FI_SOURCE) != 0;
+  n->saw = (n->info->tx_attr->msg_order & n->info->rx_attr->msg_order & FI_ORDER_SAW) != 0;
+  /* posted always: message notes need them, and a message that finds none waits in the
+   * provider's unexpected queue for ever (a stranger's would pile up there) */
+  if ((rc = net_post_receives(n, NET_RX_POSTED)) != 0) return net_fail(err, errlen, rc, "fi_recv");
   return 0;
 }
 
@@ -267,16 +308,21 @@ static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_
   if (n) n->watch_fd = -1;
   if (rc == 0) {
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_RMA;
     hints->mode = FI_RX_CQ_DATA;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (iface && (hints->domain_attr->name = strdup(iface)) == NULL) rc = -ENOMEM;
   }
-  if (rc == 0) {
+  /* sources where the provider has them (tcp;ofi_rxm, shm, verbs;ofi_rxm), else none. Not
+   * FI_ORDER_SAW: rxm says it has it unasked, and asked, shm gives up virtual addresses */
+  for (int v = 0; rc == 0 && v < 2; v++) {
+    hints->caps = FI_MSG | FI_RMA | (v == 0 ? FI_SOURCE : 0);
+    if (list) net_fi.freeinfo(list), list = NULL;
     rc = net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list);
     if (rc == 0 && net_pick(list, iface) == NULL) rc = -FI_ENODATA;
+    if (rc == -FI_ENODATA && v == 0) rc = 0;
+    else break;
   }
   if (rc && rc != -ENOMEM) {
     const char *prov = getenv("FI_PROVIDER");
@@ -366,27 +412,67 @@ int coll__net_add_peer(coll__net_t *n, const uint8_t *card, size_t len, int *pee
   return 0;
 }
 
-/* One completion: a peer's note (1, queued when `queue`), my write done (0), nothing (0),
- * or a failure. */
-static int net_read_one(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
+/* A note refused (from an address that is no peer, or a message with bytes): counted, and said
+ * once on stderr, as the library warns (HBMCOLL_LOG=warn, the default). */
+static void net_drop(coll__net_t *n, const char *why) {
+  if (n->dropped++ == 0) {
+    char line[320];
+    int len = snprintf(line, sizeof line, "hbmcoll: the bridge (%s) dropped a note %s; such notes are counted "
+                       "(Bridge.dropped()) and not said again\n", n->line, why);
+    if (len > 0) {
+      ssize_t w = write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+      (void)w; /* nowhere to report a failed warning */
+    }
+  }
+}
+
+/* The peer number of a message's source, or -1 when it is none of the peers added. */
+static int net_peer_of(const coll__net_t *n, fi_addr_t src) {
+  if (src == FI_ADDR_NOTAVAIL || src == FI_ADDR_UNSPEC) return -1;
+  if (src < (fi_addr_t)n->npeers && n->peers[src].addr == src) return (int)src; /* FI_AV_TABLE: in order */
+  for (int k = 0; k < n->npeers; k++)
+    if (n->peers[k].addr == src) return k;
+  return -1;
+}
+
+/* One completion: a peer's note (1, *peer_p its sender or -1: see the top), my write done (0),
+ * nothing (0), a note refused (0, counted), or a failure. */
+static int net_read_one(coll__net_t *n, uint32_t *note_p, int *peer_p, char *err, size_t errlen) {
   struct fi_cq_data_entry e;
-  ssize_t got = fi_cq_read(n->cq, &e, 1);
+  fi_addr_t src = FI_ADDR_NOTAVAIL;
+  ssize_t got = n->source ? fi_cq_readfrom(n->cq, &e, 1, &src) : fi_cq_read(n->cq, &e, 1);
   if (got == -FI_EAGAIN || got == 0) return 0;
   if (got == -FI_EAVAIL) {
     struct fi_cq_err_entry ee = {0};
     fi_cq_readerr(n->cq, &ee, 0);
+    if (ee.flags & FI_RECV) { /* a message that did not fit our empty receives: not one of ours */
+      int rc = net_post_receives(n, 1);
+      if (rc) return net_fail(err, errlen, rc, "fi_recv");
+      net_drop(n, "that carried bytes (a message from outside the job)");
+      return 0;
+    }
     if (net_broken(ee.err)) return net_fail(err, errlen, ee.err, "a network transfer");
     snprintf(err, errlen, "a network transfer failed: %s (%s)", net_fi.strerror(ee.err),
              fi_cq_strerror(n->cq, ee.prov_errno, ee.err_data, NULL, 0));
     return ee.err ? -ee.err : -EIO;
   }
   if (got < 0) return net_fail(err, errlen, (int)got, "fi_cq_read");
-  if (e.flags & FI_REMOTE_CQ_DATA) {
-    if (n->rx_cq_data) {
-      int rc = net_post_receives(n, 1);
-      if (rc) return net_fail(err, errlen, rc, "fi_recv");
+  int message = (e.flags & FI_RECV) && !(e.flags & FI_REMOTE_WRITE);
+  if (message || (n->rx_cq_data && (e.flags & FI_REMOTE_CQ_DATA))) { /* it took one of our receives */
+    int rc = net_post_receives(n, 1);
+    if (rc) return net_fail(err, errlen, rc, "fi_recv");
+  }
+  if (message) {
+    int peer = n->source ? net_peer_of(n, src) : -1;
+    if ((n->source && peer < 0) || !(e.flags & FI_REMOTE_CQ_DATA) || e.len) {
+      net_drop(n, peer < 0 ? "from an address that is no peer of this endpoint" : "that was no note");
+      return 0;
     }
-    *note_p = (uint32_t)e.data;
+    *note_p = (uint32_t)e.data, *peer_p = peer;
+    return 1;
+  }
+  if (e.flags & FI_REMOTE_CQ_DATA) {
+    *note_p = (uint32_t)e.data, *peer_p = -1;
     return 1;
   }
   if (e.flags & FI_WRITE) {
@@ -396,15 +482,15 @@ static int net_read_one(coll__net_t *n, uint32_t *note_p, char *err, size_t errl
   return 0;
 }
 
-static int net_queue(coll__net_t *n, uint32_t note) {
+static int net_queue(coll__net_t *n, uint32_t note, int peer) {
   if (n->qhead == n->nqueued) n->qhead = n->nqueued = 0;
   if (n->nqueued == n->qcap) {
     size_t cap = n->qcap ? 2 * n->qcap : 64;
-    uint32_t *q = realloc(n->queued, cap * sizeof *q);
+    net_note_t *q = realloc(n->queued, cap * sizeof *q);
     if (q == NULL) return -ENOMEM;
     n->queued = q, n->qcap = cap;
   }
-  n->queued[n->nqueued++] = note;
+  n->queued[n->nqueued++] = (net_note_t){note, peer};
   return 0;
 }
 
@@ -420,8 +506,9 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
     return -ETIMEDOUT;
   }
   uint32_t got;
-  rc = net_read_one(n, &got, err, errlen);
-  if (rc == 1) return net_queue(n, got);
+  int peer;
+  rc = net_read_one(n, &got, &peer, err, errlen);
+  if (rc == 1) return net_queue(n, got, peer);
   if (rc == 0) {
     coll__net_idle(spins);
     if ((spins & 255) == 0 && coll__net_interrupted(n)) {
@@ -432,30 +519,52 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
   return rc;
 }
 
-/* Post one write from src (desc: its registration, NULL where the provider needs none). */
+/* Post one write from src (desc: its registration, NULL where the provider needs none); the
+ * note with it, or (sourced) as a message of no bytes behind it, which names me to the peer. */
 static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_t to, size_t len,
-                    uint32_t note, uint64_t *sent_p, char *err, size_t errlen) {
+                    uint32_t note, int sourced, uint64_t *sent_p, char *err, size_t errlen) {
   const net_peer_t *p = &n->peers[peer];
   double until = n->timeout_s ? net_now() + n->timeout_s : 0;
   for (unsigned spins = 1;; spins++) {
-    ssize_t rc = fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
+    ssize_t rc = sourced ? fi_write(n->ep, src, len, desc, p->addr, p->base + to, p->key, sent_p)
+                         : fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
     if (rc == 0) break;
-    if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_writedata");
+    if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, sourced ? "fi_write" : "fi_writedata");
     /* the provider wants progress (rxm connects on demand); it retries a peer that went away
      * for ever, hence the watch and the limit */
     int r = net_step(n, until, spins, "a write to another node's rank found no way through", err, errlen);
     if (r) return r;
   }
   n->posted++;
-  return 0;
+  if (!sourced) return 0;
+  if (!n->saw) { /* the note could overtake the bytes: it leaves once they are there */
+    int r = coll__net_flush(n, err, errlen);
+    if (r) return r;
+  }
+  for (unsigned spins = 1;; spins++) {
+    ssize_t rc = fi_injectdata(n->ep, NULL, 0, note, p->addr);
+    if (rc == 0) return 0;
+    if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_injectdata (a note)");
+    int r = net_step(n, until, spins, "a note to another node's rank found no way through", err, errlen);
+    if (r) return r;
+  }
 }
 
 int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
                     uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
     return COLL_EBADARG;
-  return net_post(n, peer, n->pool + from, n->desc, to, len, note, sent_p, err, errlen);
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, 0, sent_p, err, errlen);
 }
+
+int coll__net_write_sourced(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
+                            uint64_t *sent_p, char *err, size_t errlen) {
+  if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
+    return COLL_EBADARG;
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, 1, sent_p, err, errlen);
+}
+
+uint64_t coll__net_dropped(const coll__net_t *n) { return n->dropped; }
 
 int coll__net_any_source(const coll__net_t *n) { return !n->mr_local; }
 
@@ -474,7 +583,7 @@ int coll__net_interrupted(coll__net_t *n) {
 int coll__net_write_from(coll__net_t *n, int peer, const void *src, size_t len, size_t to, uint32_t note,
                          uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || n->mr_local || len > n->pool_bytes) return COLL_EBADARG;
-  return net_post(n, peer, src, NULL, to, len, note, sent_p, err, errlen);
+  return net_post(n, peer, src, NULL, to, len, note, 0, sent_p, err, errlen);
 }
 
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
@@ -486,12 +595,18 @@ int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
   return 0;
 }
 
-int coll__net_poll(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
+int coll__net_poll_from(coll__net_t *n, uint32_t *note_p, int *peer_p, char *err, size_t errlen) {
   if (n->qhead < n->nqueued) {
-    *note_p = n->queued[n->qhead++];
+    *note_p = n->queued[n->qhead].note, *peer_p = n->queued[n->qhead].peer;
+    n->qhead++;
     return 1;
   }
-  int rc = net_read_one(n, note_p, err, errlen);
+  int rc = net_read_one(n, note_p, peer_p, err, errlen);
   return rc == 0 ? net_watch_check(n, err, errlen) : rc;
+}
+
+int coll__net_poll(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
+  int peer;
+  return coll__net_poll_from(n, note_p, &peer, err, errlen);
 }
 #endif /* COLL_NET_OFI */

@@ -7,7 +7,9 @@
  *  - writes of 1 B, 4 KiB and 1 MiB land byte for byte, each seen through its note;
  *  - 2,000 small notified writes in a row arrive, every note once, while the writer
  *    flushes (notes that come in during a flush are kept for the next poll);
- *  - a card that is not one is refused; a provider that does not exist is one sentence.
+ *  - a card that is not one is refused; a provider that does not exist is one sentence;
+ *  - the pool's key is not the fixed 0xC011 of old; a note sent with coll__net_write_sourced
+ *    arrives after its byte and names its sender (coll__net_poll_from), nothing dropped.
  * Providers: shm (virtual addresses and provider keys: the verbs-like path) and
  * tcp;ofi_rxm (offsets and keys we choose: the tcp path), on the loopback interface and
  * between two emulated nodes (network namespaces on a bridge, tests/c/netns.h), there
@@ -137,6 +139,30 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
   for (uint32_t k = 0; k < SMALL_WRITES; k++)
     if (pool[3 * (size_t)BIG + k] != (uint8_t)k) return fail(rank, "small write's byte", (int)k, "");
   /* both done before either closes: a close under a peer's writes is another test */
+  /* the pool's key is drawn, not the fixed one every pool once had; a sourced note names its
+   * sender (the note as a message behind the bytes: coll__net_poll_from) */
+  uint64_t key;
+  memcpy(&key, card + 16, sizeof key);
+  if (key == 0xC011) return fail(rank, "the pool's key is the old fixed one", 0, "");
+  for (int turn = 0; turn < 2; turn++) {
+    size_t at = (size_t)POOL - 1;
+    if (turn == rank) {
+      pool[0] = (uint8_t)(0x5A + rank);
+      if ((rc = coll__net_write_sourced(n, peer, 0, at, 1, 0xB0u + (uint32_t)rank, NULL, err, sizeof err)) != 0 ||
+          (rc = coll__net_flush(n, err, sizeof err)) != 0)
+        return fail(rank, "sourced write", rc, err);
+    } else {
+      uint32_t note = 0;
+      int from = -2;
+      for (long spins = 0; (rc = coll__net_poll_from(n, &note, &from, err, sizeof err)) == 0 && spins < 2000000000L;
+           spins++) {
+      }
+      if (rc != 1) return fail(rank, "poll_from", rc, err);
+      if (note != 0xB0u + (uint32_t)(1 - rank) || from != peer) return fail(rank, "sourced note or sender", from, "");
+      if (pool[at] != (uint8_t)(0x5A + 1 - rank)) return fail(rank, "a sourced note came before its byte", 0, "");
+      if (coll__net_dropped(n) != 0) return fail(rank, "a note of a peer was dropped", 0, "");
+    }
+  }
   char done = 'd';
   if (write(fd_out, &done, 1) != 1 || read(fd_in, &done, 1) != 1) return fail(rank, "last exchange", -EIO, "");
   coll__net_close(n);

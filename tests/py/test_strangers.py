@@ -1,0 +1,220 @@
+"""Strangers on the bridge: a process with no job key and no token, in a namespace of its own on
+the emulated nodes' bridge (netnodes.py), finds the libfabric ports of a job's ranks or of a
+memory server (`ss -tln` in their namespaces) and hammers them (tests/c/stranger.c): writes with
+the key every pool once had (0xC011) at offset 0 and beyond, a few guessed keys, and forged notes
+as writes, sends and injects.
+
+- two nodes allreduce in a loop under the hammering: every result is right on every rank, and
+  the notes the stranger sent are dropped and counted where they arrived (Bridge.dropped(), the
+  one line on stderr);
+- a memory server under the hammering: a client's buffer keeps its bytes and its version; notes
+  naming client 0, from the stranger and from another client that holds the token, are dropped
+  (MemServe's line on stderr) and client 0 is still served.
+"""
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import netnodes
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+PYMOD = os.path.join(ROOT, "pymod")
+STRANGER = os.path.join(ROOT, "build", "ctest", "stranger")
+ENV = dict(os.environ, FI_PROVIDER="tcp", FI_TCP_IFACE="hbnet0", PYTHONPATH=PYMOD)
+STRANGER_OPS = 3000  # what the stranger posts while the nodes allreduce
+
+
+@pytest.fixture(scope="module")
+def stranger():
+    """The stranger's binary (built by `make ctest`; built here when missing)."""
+    if not os.path.exists(STRANGER):
+        subprocess.run(["make", "-s", "build/ctest/stranger"], cwd=ROOT, check=True)
+    return STRANGER
+
+
+def _line(p, want, timeout=60):
+    """The first line of p's stdout that has want (the others are kept in the return's text)."""
+    seen, until = "", time.monotonic() + timeout
+    while time.monotonic() < until:
+        if select.select([p.stdout], [], [], 0.5)[0]:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+            if want in line:
+                return seen
+    try:
+        p.wait(timeout=5)
+        why = p.stderr.read()[-2000:]
+    except subprocess.TimeoutExpired:
+        why = "(still running)"
+    raise AssertionError(f"no {want!r} from process {p.pid}: {seen} {why}")
+
+
+def _ports(nodes, i, skip):
+    """The TCP ports listening in node i's namespace, but the ones in skip."""
+    out = subprocess.run(["ip", "netns", "exec", nodes.names[i], "ss", "-tlnH"], capture_output=True, text=True,
+                         check=True).stdout
+    ports = {int(f.split()[3].rpartition(":")[2]) for f in out.splitlines() if f.strip()}
+    return sorted(ports - set(skip))
+
+
+def _hammer(nodes, stranger, targets, *args):
+    p = nodes.popen(2, [stranger, "--iface", "hbnet0", *args, *targets], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True, env=ENV)
+    _line(p, "stranger: hammering")
+    return p
+
+
+def _stop(p):
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    return out + err
+
+
+MEMBER = r"""
+import select, sys, numpy as np
+import hbmcoll
+from hbmcoll import _core, nodes
+me, port = int(sys.argv[1]), int(sys.argv[2])
+bridge = _core.Bridge("hbnet0")
+cards, watch = nodes.exchange(me, ("10.77.0.1", port), "s3cret", bridge.card(), nodes.members(2), timeout=60)
+other = bridge.add_peer(cards[1 - me])
+bridge.ring(2, me, other, other)
+bridge.allreduce(np.zeros(1, np.int32), _core.SUM, 30)
+print("ready", flush=True)
+sys.stdin.readline()  # "go": the stranger is at work
+wrong, failed, rounds, stop = 0, [], 0, np.zeros(1, np.int32)
+while not stop[0] and rounds < 20000:  # until member 0 is told (on stdin) that the stranger did enough
+    count = (1000, 1 << 16, 7)[rounds % 3]
+    x = (np.arange(count, dtype=np.float32) % 97) * (me + 1) + rounds
+    stop[0] = me == 0 and bool(select.select([sys.stdin], [], [], 0)[0])
+    try:
+        bridge.allreduce(x, _core.SUM, 30)
+        bridge.allreduce(stop, _core.SUM, 30)
+    except hbmcoll.Error as e:
+        failed.append(f"{type(e).__name__}: {e}")
+        break
+    if stop[0] not in (0, 1):  # the flag's sum, written over
+        failed.append(f"the stop flag's sum is {stop[0]}")
+        break
+    wrong += not np.array_equal(x, (np.arange(count, dtype=np.float32) % 97) * 3 + 2 * rounds)
+    rounds += 1
+print(f"rounds {rounds} wrong {wrong} failed {failed} dropped {bridge.dropped()}", flush=True)
+watch.close()
+"""
+
+
+def test_a_stranger_cannot_touch_an_allreduce_across_nodes(emulated_nodes, stranger):
+    nodes = emulated_nodes(3)  # node 2: the stranger's
+    port = 29631
+    ranks = [nodes.popen(i, [sys.executable, "-c", MEMBER, str(i), str(port)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for i in range(2)]
+    hammer = None
+    try:
+        for p in ranks:
+            _line(p, "ready")
+        targets = [f"{nodes.addrs[i]}:{q}" for i in range(2) for q in _ports(nodes, i, [port])]
+        assert len(targets) == 2, targets  # one endpoint per rank
+        hammer = _hammer(nodes, stranger, targets, "--notes", "nodes")
+        for p in ranks:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        seen, until = "", time.monotonic() + 300  # until the stranger got through to them
+        while f"stranger: {STRANGER_OPS} posted" not in seen and time.monotonic() < until:
+            if any(p.poll() is not None for p in ranks):
+                break
+            if select.select([hammer.stdout], [], [], 0.5)[0]:
+                seen += hammer.stdout.readline()
+        early = [i for i, p in enumerate(ranks) if p.poll() is not None]
+        if not early:
+            ranks[0].stdin.write("stop\n")
+            ranks[0].stdin.flush()
+        res = netnodes.finish(ranks, 300)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                netnodes.kill_tree(p.pid)
+        said = _stop(hammer) if hammer else ""
+    assert "stranger: posted" in said, said
+    assert not early, ("ranks that stopped before they were told", early, res)
+    assert f"stranger: {STRANGER_OPS} posted" in seen, (seen, said)
+    dropped = 0
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and " wrong 0 failed []" in out, (i, out, err[-2000:], said)
+        dropped += int(out.split("dropped")[1])
+        if int(out.split("dropped")[1]):
+            assert "dropped a note from an address that is no peer" in err, err[-2000:]
+    assert dropped > 0, (res, said)  # the stranger's notes arrived, and were refused
+
+
+CLIENT = r"""
+import sys, numpy as np
+import hbmcoll
+addr, role = sys.argv[1], sys.argv[2]
+rb = hbmcoll.RemoteBuffer("victim", (1 << 14,), "float32", servers=addr, token="strangers-token", timeout=30)
+conn = rb._parts[0][0]
+if role == "forger":  # holds the token, and names client 0 in notes of its own writes
+    for k in range(64):
+        conn.ep.write(conn.peer, 0, conn.slot, 64, 0 | ((k & 1) << 16), 30)
+    conn.ep.flush(30)
+    print("forged", conn.index, flush=True)
+    sys.exit(0)
+mine = np.arange(1 << 14, dtype=np.float32)
+rb.write(mine)
+print("ready", conn.index, rb.version, flush=True)
+sys.stdin.readline()  # the stranger and the forger are at work
+bad = []
+for r in range(20):
+    got = rb.read()
+    if not np.array_equal(got, mine + r) or rb.version != 1 + r:
+        bad.append((r, rb.version, got[:2].tolist()))
+    rb.accumulate(np.ones_like(mine))  # still served: a client dropped gets PeerLostError here
+print("bad", bad, flush=True)
+"""
+
+
+def test_a_stranger_cannot_touch_a_memory_server(emulated_nodes, stranger, tmp_path):
+    nodes = emulated_nodes(3)  # node 0: the server, node 1: its clients, node 2: the stranger
+    (tmp_path / "token").write_text("strangers-token\n")
+    port = 29641
+    addr = f"{nodes.addrs[0]}:{port}"
+    server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file",
+                             str(tmp_path / "token"), "--capacity", "16M"], stderr=subprocess.PIPE, text=True, env=ENV)
+    procs, hammer = [server], None
+    try:
+        assert "bytes for buffers at" in server.stderr.readline()
+        client = nodes.popen(1, [sys.executable, "-c", CLIENT, addr, "victim"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        procs.append(client)
+        assert "ready 0 1" in _line(client, "ready")  # client 0, its buffer at the pool's start
+        targets = [f"{nodes.addrs[0]}:{q}" for q in _ports(nodes, 0, [port])]
+        assert len(targets) == 1, targets  # the server's endpoint
+        hammer = _hammer(nodes, stranger, targets, "--notes", "client0", "--span", "65536")
+        forger = nodes.popen(1, [sys.executable, "-c", CLIENT, addr, "forger"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=ENV)
+        procs.append(forger)
+        (frc, fout, ferr), = netnodes.finish([forger], 120)
+        assert frc == 0 and "forged 1" in fout, (fout, ferr[-2000:])
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        (rc, out, err), = netnodes.finish([client], 120)
+        said = _stop(hammer)
+        hammer = None
+        server.send_signal(signal.SIGTERM)
+        _, serr = server.communicate(timeout=30)
+    finally:
+        if hammer:
+            _stop(hammer)
+        for p in procs:
+            if p.poll() is None:
+                netnodes.kill_tree(p.pid)
+    assert "stranger: posted" in said, said
+    assert rc == 0 and "bad []" in out, (out, err[-2000:], serr[-2000:])
+    assert "memory server dropped a note naming client 0 from another client" in serr, serr[-2000:]
+    assert "dropped a note from an address that is no peer" in serr, serr[-2000:]
