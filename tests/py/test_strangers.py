@@ -157,7 +157,7 @@ CLIENT = r"""
 import sys, numpy as np
 import hbmcoll
 addr, role = sys.argv[1], sys.argv[2]
-rb = hbmcoll.RemoteBuffer("victim", (1 << 14,), "float32", servers=addr, token="strangers-token", timeout=30)
+rb = hbmcoll.RemoteBuffer("victim", (1 << 14,), "float32", servers=addr, token="strangers-token-0123", timeout=30)
 conn = rb._parts[0][0]
 if role == "forger":  # holds the token, and names client 0 in notes of its own writes
     for k in range(64):
@@ -181,7 +181,9 @@ print("bad", bad, flush=True)
 
 def test_a_stranger_cannot_touch_a_memory_server(emulated_nodes, stranger, tmp_path):
     nodes = emulated_nodes(3)  # node 0: the server, node 1: its clients, node 2: the stranger
-    (tmp_path / "token").write_text("strangers-token\n")
+    fd = os.open(tmp_path / "token", os.O_WRONLY | os.O_CREAT, 0o600)  # private, as a server wants it
+    os.write(fd, b"strangers-token-0123\n")
+    os.close(fd)
     port = 29641
     addr = f"{nodes.addrs[0]}:{port}"
     server = nodes.popen(0, [sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file",
