@@ -1,0 +1,61 @@
+"""How ranks leave a job, and what the others see (issue 30: 4, 9, 13, 14).
+
+- a stranger that connects to the nodes' rendezvous and stays silent (or trickles) is dropped
+  and never delays the real nodes;
+- ranks that make different numbers of collectives: the ones that finish close, and a rank
+  still in a collective gets PeerLostError within seconds (saying the peer closed), whichever
+  rank it is, on one node and across nodes; ranks that all finish alike close fast and clean;
+- Ctrl-C after a request was dropped while its peers had not come arrives at once.
+"""
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ranks
+
+
+# ---- (13) Ctrl-C while a dropped request waits for its peers ---------------------------
+
+def _drop_then_wait(comm, then):
+    if comm.rank == 0:
+        ranks.event("dropping")
+        t0 = time.monotonic()
+        try:
+            comm.iallreduce(np.ones(8))  # dropped at once: waits for rank 1, which never comes
+            if then == "sleep":  # a blocking C call first: it checks for signals only if one comes
+                time.sleep(30)
+            else:
+                while time.monotonic() - t0 < 30:
+                    pass
+            return "not interrupted"
+        except KeyboardInterrupt:
+            took = time.monotonic() - t0
+        try:  # once, not twice
+            time.sleep(1)
+        except KeyboardInterrupt:
+            return "interrupted twice"
+        return f"interrupted after {took:.1f} s"
+    time.sleep(60)
+    return "slept"
+
+
+@pytest.mark.parametrize("then", ["sleep", "python"])
+def test_ctrl_c_while_a_dropped_request_drains_arrives_at_once(start_ranks, then):
+    job = start_ranks(2, _drop_then_wait, then, env={"HBMCOLL_TIMEOUT": None}, timeout=90)
+    job.wait_event(0, "dropping")
+    time.sleep(1)
+    job.signal(0, signal.SIGINT)
+    t0 = time.monotonic()
+    while _value(job, 0) is None and time.monotonic() - t0 < 40:
+        job._pump(0.1)
+    got = _value(job, 0)
+    job.kill_all()
+    assert got is not None and got.startswith("interrupted after"), job.report()
+    assert float(got.split()[2]) < 10, got  # not when the 30 s wait ends
+
+
+def _value(job, rank):
+    r = job.results[rank]
+    return r.value if r.status == "ok" else None
