@@ -68,57 +68,113 @@ def _recv_blob(sock, deadline, limit=1 << 16):
 
 
 class Watch:
-    """What a member's bridge watches for lost nodes: a socket that reaches end of file without a
-    goodbye when a node goes away.
+    """What a member's bridge watches for lost nodes (fileno(): one end of a socket pair that a
+    thread closes when the job can no longer go on), and how members leave.
 
-    Member k > 0 watches its connection to member 0. Member 0 has a thread on all of its
-    connections: a goodbye (one byte) is a member that finished; end of file without one is a
-    lost node, and the thread then closes every other connection and its end of member 0's
-    own watched socket pair, so every member's watch fires.
+    Exit is a message. A member that closes says so with the number of the communicator's
+    calls it made (member k to member 0, which tells every other member; member 0 tells all);
+    a member that is in a later call (calls, counted by the communicator through began()) will
+    never see the leaver there, and its watch fires at once. End of file without a goodbye is
+    a lost node: member 0 then closes every connection, so every member's watch fires.
 
     close() is collective, as the endpoints must not close while a peer's last write to them is
     still completing: each member says goodbye once its own writes completed, and member 0
-    answers everyone after all said it; only then do they close. abort() says nothing and
-    waits for nothing (the others take it as this node lost).
+    answers everyone after all said it or were lost; only then do they close. abort() says
+    nothing and waits for nothing (the others take it as this node lost).
     """
 
-    BYE = b"B"
+    BYE, LEFT, ALL = b"B", b"L", b"A"  # k -> 0 "I leave after n calls"; 0 -> k "a member did"; 0 -> k "all did"
 
     def __init__(self, socks, relay):
-        self._socks, self._thread, self._mine = list(socks), None, None
-        self._bye = set()  # member 0: connections that said goodbye (their fds)
-        if relay:
-            self._mine, self._theirs = socket.socketpair()
-            self._thread = threading.Thread(target=self._relay, name="hbmcoll-nodes-watch", daemon=True)
-            self._stop = False
-            self._thread.start()
+        self._socks, self._relays = list(socks), relay  # relay: member 0
+        self.calls = 0       # calls the communicator began
+        self.left = None     # fewest calls of a member that left, None while none has
+        self._lock = threading.Lock()
+        self._bye, self._gone = set(), set()  # fds that said goodbye (member 0); that reached end of file
+        self._sending = threading.Lock()  # the thread and close() both send
+        self._answered = threading.Event()
+        self._stop = False
+        self._mine, self._theirs = socket.socketpair()
+        self._thread = threading.Thread(target=self._relay, name="hbmcoll-nodes-watch", daemon=True)
+        self._thread.start()
 
     def fileno(self):
-        if self._mine is not None:
-            return self._mine.fileno()
-        return self._socks[0].fileno() if self._socks else -1
+        return self._mine.fileno() if self._mine is not None else -1
+
+    def began(self):
+        """The communicator begins a call: the calls of a member that left before it, or None."""
+        with self._lock:
+            self.calls += 1
+            return self.left if self.left is not None and self.left < self.calls else None
+
+    def why(self):
+        """Why this member's call cannot finish, when a member left before it; else None."""
+        with self._lock:
+            if self.left is None or self.left >= self.calls:
+                return None
+            more = self.calls - self.left
+            return (f"another node's ranks closed the communicator while this rank is in a collective they never "
+                    f"made ({more} more than they did): every rank must make the same collectives")
+
+    def _leave(self, n):
+        with self._lock:
+            self.left = n if self.left is None else min(self.left, n)
+            fire = self.calls > n
+        if fire:
+            self._theirs.close()
+
+    def _send_all(self, msg):
+        with self._sending:
+            for s in self._socks:
+                if s.fileno() not in self._gone:
+                    try:
+                        s.sendall(msg)
+                    except OSError:
+                        pass
 
     def _relay(self):
         ep = select.epoll()
         live = {s.fileno(): s for s in self._socks}
+        held = dict.fromkeys(live, b"")
         for fd in live:
             ep.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
         try:
             while live and not self._stop:
                 for fd, _ in ep.poll(0.2):
                     try:
-                        data = live[fd].recv(1)
+                        data = live[fd].recv(4096)
                     except OSError:
                         data = b""
+                    if data:
+                        held[fd] = self._take(fd, held[fd] + data)
+                        continue
                     ep.unregister(fd)
                     del live[fd]
-                    if data == self.BYE:
-                        self._bye.add(fd)
-                    elif not self._stop:
+                    said = fd in self._bye or self._answered.is_set()
+                    self._gone.add(fd)
+                    if not said and not self._stop:  # a lost node (or member 0 gone)
                         self._drop()
                         return
         finally:
             ep.close()
+
+    def _take(self, fd, buf):
+        """Act on the whole messages in buf; the rest (a part of one) is returned."""
+        while buf:
+            kind = buf[:1]
+            if kind == self.ALL:
+                self._answered.set()
+                buf = buf[1:]
+                continue
+            if len(buf) < 9:
+                return buf
+            (n,) = struct.unpack("!Q", buf[1:9])
+            buf = buf[9:]
+            if kind == self.BYE and self._relays:  # member k leaves: tell the others
+                self._bye.add(fd)
+                self._send_all(self.LEFT + struct.pack("!Q", n))
+            self._leave(n)
+        return buf
 
     def _drop(self):
         for s in self._socks:
@@ -127,6 +183,11 @@ class Watch:
             except OSError:
                 pass
         self._theirs.close()
+
+    def _wait(self, until, timeout):
+        end = time.monotonic() + timeout
+        while not until() and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
 
     def close(self, timeout=60):
         """This member finished (its writes completed): goodbye, and wait for everyone's."""
@@ -137,33 +198,25 @@ class Watch:
         self._finish(False, 0)
 
     def _finish(self, graceful, timeout):
-        if not self._socks and self._mine is None:
+        if self._mine is None:
             return  # finished already (an abort, then close)
-        if self._thread is not None:
-            self._stop = True
-            self._thread.join()
         if graceful:
-            try:
-                if self._thread is None:  # member k: goodbye, then member 0's answer
-                    self._socks[0].sendall(self.BYE)
-                    self._socks[0].settimeout(timeout)
-                    self._socks[0].recv(1)  # end of file too: member 0 is gone, nothing to wait for
-                else:  # member 0: everyone's goodbye first, then the answer to all
-                    for s in self._socks:
-                        if s.fileno() not in self._bye:
-                            s.settimeout(timeout)
-                            s.recv(1)
-                    for s in self._socks:
-                        s.sendall(self.BYE)
-            except OSError:
-                pass
+            done = struct.pack("!Q", self.calls)
+            if self._relays:  # member 0: this member leaves too; everyone's goodbye, then the answer
+                self._send_all(self.LEFT + done)
+                self._wait(lambda: len(self._bye | self._gone) >= len(self._socks), timeout)
+                self._send_all(self.ALL)
+            else:  # member k: goodbye, then member 0's answer (or its end)
+                self._send_all(self.BYE + done)
+                self._wait(self._answered.is_set, timeout)
+        self._stop = True
+        self._thread.join()
         for s in self._socks:
             s.close()
         self._socks = []
-        if self._mine is not None:
-            self._mine.close()
-            self._theirs.close()
-            self._mine = None
+        self._mine.close()
+        self._theirs.close()
+        self._mine = None
 
 
 def _serve(srv, where, secret, blob, complete, deadline):

@@ -7,12 +7,16 @@
   rank it is, on one node and across nodes; ranks that all finish alike close fast and clean;
 - Ctrl-C after a request was dropped while its peers had not come arrives at once.
 """
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
+import netnodes
 import ranks
 
 
@@ -59,3 +63,33 @@ def test_ctrl_c_while_a_dropped_request_drains_arrives_at_once(start_ranks, then
 def _value(job, rank):
     r = job.results[rank]
     return r.value if r.status == "ok" else None
+
+
+# ---- (9) uneven numbers of collectives: exit is a message ---------------------------------
+
+EXITS_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exits_job.py")
+PYMOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pymod")
+
+
+def _two_nodes_run(nodes, port, busy):
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="e" * 32, BUSY=str(busy))
+    env.pop("HBMCOLL_TIMEOUT", None)  # no deadline: a hang would be one
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", f"10.77.0.1:{port}", EXITS_JOB],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+    return netnodes.finish(procs, 120)
+
+
+@pytest.mark.parametrize("busy", [0, 1, -1], ids=["member-0-busy", "member-1-busy", "even"])
+def test_across_nodes_a_rank_left_in_a_collective_is_told_at_once(emulated_nodes, busy):
+    res = _two_nodes_run(emulated_nodes(2), 29870 + busy + 1, busy)
+    for i, (rc, out, err) in enumerate(res):
+        assert "hung" not in err, (i, out, err[-2000:])
+        if i == busy:
+            assert rc != 0 and "lost after" in out and "closed the communicator while this rank is in a collective they never made" in out, \
+                (i, out, err[-2000:])
+            assert float(out.split("lost after ")[1].split()[0]) < 10, out  # not the 60 s of a goodbye
+        else:
+            assert rc == 0 and "done after" in out, (i, out, err[-2000:])
+            assert float(out.split("done after ")[1].split()[0]) < 10, out
