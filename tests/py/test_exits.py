@@ -93,3 +93,29 @@ def test_across_nodes_a_rank_left_in_a_collective_is_told_at_once(emulated_nodes
         else:
             assert rc == 0 and "done after" in out, (i, out, err[-2000:])
             assert float(out.split("done after ")[1].split()[0]) < 10, out
+
+
+def _uneven(comm, busy):
+    import hbmcoll
+    for _ in range(3):
+        comm.allreduce(np.ones(1000, dtype=np.float32))
+    t0 = time.monotonic()
+    try:
+        if comm.rank == busy:
+            comm.allreduce(np.ones(1000, dtype=np.float32))  # the others never make this one
+        comm.close()
+        return ("done", time.monotonic() - t0, "")
+    except hbmcoll.Error as e:
+        return (type(e).__name__, time.monotonic() - t0, str(e))
+
+
+@pytest.mark.parametrize("busy", [0, 2, -1], ids=["rank-0-busy", "rank-2-busy", "even"])
+def test_on_one_node_a_rank_left_in_a_collective_is_told_at_once(run_ranks, busy):
+    got = run_ranks(3, _uneven, busy, env={"HBMCOLL_TIMEOUT": None}, timeout=90)
+    for r, (kind, took, why) in enumerate(got):
+        if r == busy:
+            assert kind == "PeerLostError" and ("left" in why or "closed" in why), got
+            assert "died" not in why and "timed out" not in why, got
+        else:
+            assert kind == "done", got
+        assert took < 10, got
