@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import os
 import select
+import selectors
 import socket
 import struct
 import threading
@@ -30,6 +31,9 @@ from .errors import BootstrapError
 MAGIC = b"HBMN1\0"
 NONCE = 32
 KEEPALIVE_S = 5  # a node whose link is down is lost after about 10 s (_keepalive)
+HANDSHAKE_S = 10  # how long member 0 gives one connection to prove the secret and send its blob
+BLOB_LIMIT = 1 << 16  # a member's blob at most (its card and its node's ranks)
+MAX_SHAKES = 64  # connections proving the secret at once; more are closed at once
 
 
 def _keepalive(sock):
@@ -60,7 +64,7 @@ def _send_blob(sock, blob):
     sock.sendall(struct.pack("!I", len(blob)) + blob)
 
 
-def _recv_blob(sock, deadline, limit=1 << 16):
+def _recv_blob(sock, deadline, limit=BLOB_LIMIT):
     (n,) = struct.unpack("!I", _recv_exact(sock, 4, deadline))
     if n > limit:
         raise ConnectionError("a message longer than the protocol allows")
@@ -219,50 +223,126 @@ class Watch:
         self._mine = None
 
 
-def _serve(srv, where, secret, blob, complete, deadline):
-    blobs, socks = {0: blob}, {}
-    verdict = None
-    while verdict is None:
-        left = deadline - time.monotonic() if deadline else None
-        if left is not None and left <= 0:
-            raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
-                                 f"(members {sorted(blobs)})")
-        srv.settimeout(min(left, 1.0) if left is not None else 1.0)
-        try:
-            conn, _ = srv.accept()
-            _keepalive(conn)
-        except socket.timeout:
-            continue
-        try:
-            head = _recv_exact(conn, len(MAGIC) + 4 + NONCE, deadline)
+class _Handshake:
+    """One connection to member 0's rendezvous, proving the secret: fed bytes as they come (the
+    serve loop never waits on one connection), done with a blob, or failed."""
+
+    HEAD = len(MAGIC) + 4 + NONCE
+
+    def __init__(self, conn, secret, deadline):
+        self.conn, self.secret, self.deadline = conn, secret, deadline
+        self.got, self.mine, self.who = b"", None, None
+
+    def feed(self, data):
+        """The member's (number, blob) once it proved the secret; None while more must come.
+        ConnectionError for a stranger, a wrong proof or a message beyond the limits."""
+        self.got += data
+        if self.mine is None:
+            if len(self.got) < self.HEAD:
+                return None
+            head = self.got[:self.HEAD]
             if head[:len(MAGIC)] != MAGIC:
                 raise ConnectionError("not an hbmcoll member")
-            (who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
-            theirs = head[len(MAGIC) + 4:]
-            mine = os.urandom(NONCE)
-            conn.sendall(mine + _proof(secret, b"server", theirs, mine))
-            answer = _recv_exact(conn, 32, deadline)
-            their_blob = _recv_blob(conn, deadline)
-            if not hmac.compare_digest(answer, _proof(secret, b"client", mine, theirs, head[:len(MAGIC) + 4],
-                                                      their_blob)):
-                raise ConnectionError("it does not hold the job's secret")
-            if who == 0 or who in blobs:
-                raise ConnectionError(f"member number {who} came twice")
-        except (ConnectionError, OSError, struct.error):
-            conn.close()  # refused: it never sees a card
-            continue
-        blobs[who], socks[who] = their_blob, conn
-        try:
-            verdict = b"O" + _pack(blobs) if complete(blobs) else None
-        except BootstrapError as exc:
-            verdict = b"E" + str(exc).encode()
+            (self.who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
+            self.mine = os.urandom(NONCE)
+            self.conn.sendall(self.mine + _proof(self.secret, b"server", head[len(MAGIC) + 4:], self.mine))
+        rest = self.got[self.HEAD:]
+        if len(rest) < 36:
+            return None
+        (n,) = struct.unpack("!I", rest[32:36])
+        if n > BLOB_LIMIT:
+            raise ConnectionError("a message longer than the protocol allows")
+        if len(rest) < 36 + n:
+            return None
+        if len(rest) > 36 + n:
+            raise ConnectionError("more than the protocol says")
+        head, blob = self.got[:self.HEAD], rest[36:]
+        if not hmac.compare_digest(rest[:32], _proof(self.secret, b"client", self.mine, head[len(MAGIC) + 4:],
+                                                     head[:len(MAGIC) + 4], blob)):
+            raise ConnectionError("it does not hold the job's secret")
+        return self.who, blob
+
+
+def _serve(srv, where, secret, blob, complete, deadline):
+    """Member 0's side: connections are served together (one selector, nothing blocks on one),
+    each with its own deadline and size limit, so a silent or trickling stranger is dropped and
+    never delays the members."""
+    blobs, socks = {0: blob}, {}
+    verdict = None
+    sel = selectors.DefaultSelector()
+    srv.setblocking(False)
+    sel.register(srv, selectors.EVENT_READ)
+    try:
+        while verdict is None:
+            now = time.monotonic()
+            if deadline and now >= deadline:
+                raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
+                                     f"(members {sorted(blobs)})")
+            for key in list(sel.get_map().values()):  # handshakes past their own deadline
+                if key.data is not None and now >= key.data.deadline:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+            wait = min([1.0] + [k.data.deadline - now for k in sel.get_map().values() if k.data is not None])
+            for key, _ in sel.select(max(0.01, wait)):
+                if key.data is None:
+                    _accept(srv, sel, secret)
+                    continue
+                conn, shake = key.fileobj, key.data
+                try:
+                    data = conn.recv(65536)
+                    if not data:
+                        raise ConnectionError("closed")
+                    done = shake.feed(data)
+                    if done is not None and (done[0] == 0 or done[0] in blobs):
+                        raise ConnectionError(f"member number {done[0]} came twice")
+                except (ConnectionError, OSError, struct.error):
+                    sel.unregister(conn)
+                    conn.close()  # refused: it never sees a card
+                    continue
+                if done is None:
+                    continue
+                sel.unregister(conn)
+                conn.setblocking(True)
+                blobs[done[0]], socks[done[0]] = done[1], conn
+                try:
+                    verdict = b"O" + _pack(blobs) if complete(blobs) else None
+                except BootstrapError as exc:
+                    verdict = b"E" + str(exc).encode()
+                if verdict is not None:
+                    break
+    finally:
+        for key in list(sel.get_map().values()):
+            if key.data is not None:
+                key.fileobj.close()  # strangers still proving nothing
+        sel.close()
+        srv.setblocking(True)
     for s in socks.values():
-        _send_blob(s, verdict)
+        s.settimeout(HANDSHAKE_S)
+        try:
+            _send_blob(s, verdict)
+        except OSError:
+            pass  # that member is gone: its watch end closes, the others' watches fire
+        s.settimeout(None)
     if verdict[:1] == b"E":
         for s in socks.values():
             s.close()
         raise BootstrapError(verdict[1:].decode())
     return blobs, Watch(list(socks.values()), relay=True)
+
+
+def _accept(srv, sel, secret):
+    try:
+        conn, _ = srv.accept()
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:  # out of descriptors, say: the others come again later
+        return
+    if sum(k.data is not None for k in sel.get_map().values()) >= MAX_SHAKES:
+        conn.close()  # a flood of strangers: members connect again until they get in
+        return
+    conn.setblocking(False)
+    _keepalive(conn)
+    sel.register(conn, selectors.EVENT_READ, _Handshake(conn, secret, time.monotonic() + HANDSHAKE_S))
 
 
 def _pack(blobs):
@@ -278,22 +358,36 @@ def _unpack(data):
     return blobs
 
 
-def _join(me, where, secret, blob, deadline):
-    addr, port = where
+def _connect(me, addr, port, deadline):
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=1.0)
             _keepalive(sock)
-            break
+            return sock
         except OSError:
             if deadline and time.monotonic() > deadline:
-                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time")
+                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time") from None
             time.sleep(0.05)
+
+
+def _join(me, where, secret, blob, deadline):
+    addr, port = where
+    mine, head = os.urandom(NONCE), MAGIC + struct.pack("!I", me)
+    while True:  # member 0 may close a connection unanswered (too many at once): again
+        sock = _connect(me, addr, port, deadline)
+        try:
+            sock.sendall(head + mine)
+            reply = _recv_exact(sock, NONCE + 32, deadline)
+            break
+        except (ConnectionError, OSError):
+            sock.close()
+            if deadline and time.monotonic() > deadline:
+                raise BootstrapError(f"member {me}: member 0 at {addr}:{port} never answered in time") from None
+            time.sleep(0.1)
+        except BaseException:
+            sock.close()
+            raise
     try:
-        mine = os.urandom(NONCE)
-        head = MAGIC + struct.pack("!I", me)
-        sock.sendall(head + mine)
-        reply = _recv_exact(sock, NONCE + 32, deadline)
         theirs, proof = reply[:NONCE], reply[NONCE:]
         if not hmac.compare_digest(proof, _proof(secret, b"server", mine, theirs)):
             raise BootstrapError(f"the listener at {addr}:{port} does not hold the job's secret: refused")

@@ -9,8 +9,11 @@
 """
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -18,6 +21,93 @@ import pytest
 
 import netnodes
 import ranks
+
+
+# ---- (4) a silent stranger at the nodes' rendezvous -------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("stranger", ["silent", "trickling", "oversized"])
+def test_a_stranger_at_the_rendezvous_does_not_hold_the_members(stranger):
+    from hbmcoll import nodes
+    port, got = _free_port(), {}
+
+    def member(me):
+        try:
+            blobs, watch = nodes.exchange(me, ("127.0.0.1", port), "s3cret", b"card%d" % me, nodes.members(3),
+                                          timeout=40)
+            got[me] = (sorted(blobs), time.monotonic())
+            watch.close(timeout=10)
+        except Exception as e:  # noqa: BLE001
+            got[me] = (f"{type(e).__name__}: {e}", time.monotonic())
+
+    first = threading.Thread(target=member, args=(0,))
+    first.start()
+    strangers = []
+    while len(strangers) < 2:  # two, held open and before any member
+        try:
+            strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        except OSError:
+            time.sleep(0.05)
+    if stranger == "oversized":  # a head, then a blob length beyond the limit
+        strangers[0].sendall(nodes.MAGIC + struct.pack("!I", 1) + bytes(32 + 32) + struct.pack("!I", 1 << 30))
+    t0 = time.monotonic()
+    others = [threading.Thread(target=member, args=(m,)) for m in (1, 2)]
+    for t in others:
+        t.start()
+    while stranger == "trickling" and len(got) < 3 and time.monotonic() - t0 < 30:
+        for s in strangers:
+            try:
+                s.send(b"H")
+            except OSError:
+                pass
+        time.sleep(0.5)
+    for t in [first] + others:
+        t.join(60)
+    for s in strangers:
+        s.close()
+    assert all(got.get(m, ("",))[0] == [0, 1, 2] for m in range(3)), got
+    assert max(t for _, t in got.values()) - t0 < 8, got  # not held for the stranger's sake
+
+
+def _abstract_names():
+    with open("/proc/net/unix") as f:
+        return {line.split()[-1] for line in f if line.split()[-1].startswith(f"@hbmcoll.{os.getuid()}.")}
+
+
+def test_a_silent_connection_to_the_node_rendezvous_does_not_hold_the_ranks():
+    """The same on one node: rank 0's abstract socket (found in /proc/net/unix), a silent
+    connection of the same user made before rank 1 comes."""
+    code = "import numpy as np, hbmcoll\nc = hbmcoll.init(); x = np.ones(2); c.allreduce(x); print('sum', x[0])"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HBMCOLL_", "PMI_", "MPI_LOCAL"))}
+    env.update(PYTHONPATH=PYMOD, PMI_FD="9", PMI_SIZE="2", MPI_LOCALNRANKS="2", HBMCOLL_BIND="none")
+    before = _abstract_names()
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, PMI_RANK="0", MPI_LOCALRANKID="0"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    stranger = socket.socket(socket.AF_UNIX)
+    try:
+        t0 = time.monotonic()
+        while not (_abstract_names() - before) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        name = sorted(_abstract_names() - before)[0]
+        stranger.connect("\0" + name[1:])  # and says nothing
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=dict(env, PMI_RANK="1", MPI_LOCALRANKID="1"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert all("sum 2.0" in o for o in outs), outs
+        assert time.monotonic() - t0 < 40, outs  # the stranger's hello deadline, not the job's
+    finally:
+        stranger.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 # ---- (13) Ctrl-C while a dropped request waits for its peers ---------------------------
