@@ -209,3 +209,32 @@ def test_on_one_node_a_rank_left_in_a_collective_is_told_at_once(run_ranks, busy
         else:
             assert kind == "done", got
         assert took < 10, got
+
+
+# ---- (14) a node's ranks that fail init alike each report it under torchrun -----------------
+
+SLOW_REPORT = """
+import os, sys, time
+if os.environ.get("LOCAL_RANK") == os.environ.get("SLOW_REPORT_RANK"):
+    _hook = sys.excepthook
+    def _slow(*a):
+        time.sleep(2)  # a loaded machine keeps this rank from its report a moment
+        _hook(*a)
+    sys.excepthook = _slow
+"""
+
+
+@pytest.mark.parametrize("slow", [0, 1], ids=["local-rank-0-slow", "local-rank-1-slow"])
+def test_every_rank_reports_a_bad_node_though_one_is_slow_to(emulated_nodes, tmp_path, monkeypatch, slow):
+    """torchrun stops a node's ranks once one has exited: a rank slower to print its error
+    than its sibling was to exit said nothing (issue 30, case 14)."""
+    pytest.importorskip("torch")
+    import test_across_nodes as across
+    (tmp_path / "sitecustomize.py").write_text(SLOW_REPORT)
+    says = "node node1's bridge is on a loopback interface (127.0.0.1)"
+    monkeypatch.setattr(across, "PYMOD", f"{tmp_path}:{across.PYMOD}")  # the ranks' PYTHONPATH
+    res = across._torchrun(emulated_nodes(2), 2, 29760 + slow, {"HBMCOLL_JOB_KEY": "k" * 32, "SLOW_REPORT_RANK": str(slow)},
+                           second_node_env={"HBMCOLL_IFACE": "lo"})
+    for i, (rc, out, err) in enumerate(res):
+        assert rc != 0 and err.count(says) == 2, (i, err[-3000:])
+        assert "hung" not in err
