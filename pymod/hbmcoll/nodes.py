@@ -6,11 +6,14 @@ neither the secret nor a replayable answer is ever sent). Each member then sends
 bridge card: its endpoint's address and the key of its registered pool; and what the node layer
 says about its node), and once all have come member 0 answers every member with all blobs, or
 with the one error that ends the job (say, two nodes that claim the same rank). A peer that
-cannot prove the secret is refused and never sees a card.
+cannot prove the secret is refused and never sees a card. Member 0 serves every connection at
+once, each with its own deadline and size limit: a stranger that connects and says nothing (or
+says it slowly) is dropped and delays nobody.
 
 The connections stay open: they are how a lost node is noticed (Watch). When a node goes away
 its connections close without a goodbye (or, when its link went down, the kernel's keepalive ends
-them), member 0 closes all of its own, and every member's watch fires.
+them), member 0 closes all of its own, and every member's watch fires. A member that closes
+says so, with how many calls it made: a member in a later call is told at once (Watch).
 
     blobs, watch = exchange(me, (addr, port), secret, card, members(n), timeout)
     ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
