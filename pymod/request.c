@@ -8,6 +8,9 @@
 #include "core.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -128,13 +131,84 @@ static PyObject *request_done(hb_request_t *r, void *c) {
   return PyBool_FromLong(r->finished);
 }
 
+/* Ctrl-C caught while a dropped request drained, raised again once the deallocator returned.
+ * A pending call raises it at the next bytecode that checks; a blocking C call that comes
+ * first (time.sleep) checks only when a signal interrupts it, so a helper thread sends SIGINT
+ * to the thread after REDELIVER_S if the pending call has not run by then. Whichever comes
+ * first wins (state 0 -> 1), so the KeyboardInterrupt comes once. */
+#define REDELIVER_S 0.05
+typedef struct {
+  atomic_int state, refs;
+  pthread_t thread;
+  PyObject *exc[3]; /* the handler's exception (the pending call's to raise or drop) */
+} request_redeliver_t;
+
+static void redeliver_put(request_redeliver_t *d) {
+  if (atomic_fetch_sub(&d->refs, 1) == 1) free(d);
+}
+
+static int redeliver_call(void *arg) {
+  request_redeliver_t *d = arg;
+  int mine = 0;
+  int raise = d->exc[0] != NULL && atomic_compare_exchange_strong(&d->state, &mine, 1);
+  if (raise) {
+    PyErr_Restore(d->exc[0], d->exc[1], d->exc[2]);
+  } else {
+    Py_XDECREF(d->exc[0]);
+    Py_XDECREF(d->exc[1]);
+    Py_XDECREF(d->exc[2]);
+  }
+  redeliver_put(d);
+  return raise ? -1 : 0;
+}
+
+static void *redeliver_thread(void *arg) {
+  request_redeliver_t *d = arg;
+  struct timespec ts = {0, (long)(REDELIVER_S * 1e9)};
+  nanosleep(&ts, NULL);
+  int mine = 0;
+  if (atomic_compare_exchange_strong(&d->state, &mine, 1)) pthread_kill(d->thread, SIGINT);
+  redeliver_put(d);
+  return NULL;
+}
+
+static void request_redeliver(PyObject *exc[3]) {
+  request_redeliver_t *d = calloc(1, sizeof *d);
+  pthread_t t;
+  pthread_attr_t attr;
+  if (d == NULL) {
+    PyErr_Restore(exc[0], exc[1], exc[2]);
+    PyErr_Clear();
+    PyErr_SetInterrupt(); /* the next check, at least */
+    return;
+  }
+  atomic_init(&d->state, 0);
+  atomic_init(&d->refs, 2);
+  d->thread = pthread_self();
+  if (Py_AddPendingCall(redeliver_call, d) == 0) {
+    memcpy(d->exc, exc, sizeof d->exc);
+  } else { /* queue full: the thread alone */
+    PyErr_Restore(exc[0], exc[1], exc[2]);
+    PyErr_Clear();
+    atomic_store(&d->refs, 1);
+  }
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&t, &attr, redeliver_thread, d) != 0) {
+    int mine = 0;
+    if (atomic_compare_exchange_strong(&d->state, &mine, 1)) PyErr_SetInterrupt();
+    redeliver_put(d);
+  }
+  pthread_attr_destroy(&attr);
+}
+
 /* A request dropped while its collective runs: wait for it (peers may still
  * use the buffers), in slices, running signal handlers between them. Ctrl-C
  * fails the communicator on every rank, which ends the collective at once;
- * the KeyboardInterrupt is raised again at the caller's next bytecode, since
+ * the KeyboardInterrupt is raised again right after (request_redeliver), since
  * a deallocator cannot raise. An exception already in flight is kept. */
 static void request_drain(hb_request_t *r) {
-  PyObject *type, *value, *tb;
+  PyObject *type, *value, *tb, *interrupt[3] = {NULL, NULL, NULL};
   PyErr_Fetch(&type, &value, &tb);
   int interrupted = 0, fin = 0;
   while (!fin) {
@@ -143,13 +217,13 @@ static void request_drain(hb_request_t *r) {
     fin = coll_req_test(r->req, NULL);
     Py_END_ALLOW_THREADS
     if (fin || interrupted || PyErr_CheckSignals() == 0) continue;
-    interrupted = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ? 2 : 1;
-    if (interrupted == 2) PyErr_Clear();
+    interrupted = 1;
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) PyErr_Fetch(&interrupt[0], &interrupt[1], &interrupt[2]);
     else PyErr_WriteUnraisable((PyObject *)r); /* another handler's error: shown, not lost */
     if (r->comm->comm) coll_comm_abort(r->comm->comm, COLL_EPEERLOST);
   }
   PyErr_Restore(type, value, tb);
-  if (interrupted == 2) PyErr_SetInterrupt();
+  if (interrupt[0]) request_redeliver(interrupt);
 }
 
 static void request_dealloc(hb_request_t *r) {

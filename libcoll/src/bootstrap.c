@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,6 +70,7 @@ typedef struct {
 } boot_t;
 
 #define BOOT_SLICE_MS 50
+#define BOOT_HELLO_S 10 /* seconds a connection to rank 0 has to say its hello */
 
 static double boot_now(void) {
   struct timespec ts;
@@ -335,9 +337,15 @@ static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_o
       rc = COLL_EBOOTSTRAP;
       goto out_close_conns;
     }
+    /* a connection that stays silent, or sends part of a hello, holds the others this long at
+     * most (members send the hello as soon as they connect) */
+    boot_t hb = *b;
+    if (hb.deadline > boot_now() + BOOT_HELLO_S) hb.deadline = boot_now() + BOOT_HELLO_S;
+    struct timeval tv = {BOOT_HELLO_S, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* MSG_WAITALL after a first byte */
     boot_hello_t hello;
     int pidfd = -1, npid = 0;
-    if (boot_same_user(s) != 0 || boot_recvmsg(s, &hello, sizeof hello, &pidfd, 1, &npid, b) != 0 ||
+    if (boot_same_user(s) != 0 || boot_recvmsg(s, &hello, sizeof hello, &pidfd, 1, &npid, &hb) != 0 ||
         hello.magic != BOOT_MAGIC || strncmp(hello.key, key, BOOT_KEY_MAX) != 0) {
       if (npid > 0) close(pidfd);
       close(s); /* a stranger or a half-open connection: not one of ours */
@@ -356,6 +364,8 @@ static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_o
       rc = COLL_EBOOTSTRAP;
       goto out_close_conns;
     }
+    tv.tv_sec = 0;
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* one of ours: the job's deadline */
     conns[hello.rank] = s;
     pids[hello.rank] = npid > 0 ? pidfd : -1;
     nconn++;

@@ -165,7 +165,16 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
             raise Error("an earlier collective across nodes failed; this communicator is finished")
         with self._lock:
             try:
-                return fn()
+                watch = self._watch if self._parent is None else None  # a group's calls are not all ranks'
+                if watch is not None and watch.began() is not None:
+                    raise PeerLostError(watch.why())  # a node closed before this call: it never comes
+                try:
+                    return fn()
+                except Error as e:  # a write to a node that left may fail otherwise first
+                    why = watch.why() if watch is not None and not isinstance(e, MismatchError) else None
+                    if why is None:
+                        raise
+                    raise PeerLostError(why) from None
             except MismatchError:
                 raise
             except BaseException as e:

@@ -133,8 +133,11 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
         iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)
         lay, bridge, watch = layout.find(local, info.rank, info.size, name, secret, where_of, iface,
                                          timeout or env_timeout)
-    except BaseException:
-        local.close()
+    except BaseException as exc:
+        if getattr(exc, "node_wide", False):
+            layout.leave_together(local)  # the node's ranks failed alike: each reports before any exits
+        else:
+            local.close()
         raise
     if info.rank == 0:
         layout.say(lay, bridge, os.environ)

@@ -25,6 +25,7 @@ env:// init), else under srun the first node of the step; port HBMCOLL_PORT, els
 (MASTER_PORT itself is torch's store), else 29600; the job's secret is HBMCOLL_JOB_KEY. The
 bridge's interface is HBMCOLL_IFACE, else the one this node reaches the rendezvous through.
 """
+import atexit
 import fcntl
 import functools
 import json
@@ -43,6 +44,7 @@ from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 # own rendezvous waits 900 s too): a node that never comes is an error, not a hang.
 RENDEZVOUS_S = 900
 POOL_BYTES = 4 << 20  # each endpoint's registered pool: 4 slots of about 1 MiB
+LEAVE_S = 10  # after a failed init, how long a rank waits at exit for its node's others (leave_together)
 
 
 @dataclass(frozen=True)
@@ -254,14 +256,33 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
             bridge.watch(watch.fileno(), "the job's other nodes")
             probe(bridge, layout, min(timeout, 60))
         return layout, bridge, watch
-    except BaseException:
+    except BaseException as exc:
         if not shared:
             local.abort()  # the node's other ranks may wait in a collective with this one
+        elif isinstance(exc, Exception):
+            exc.node_wide = True  # every local rank raises it (leave_together)
         if watch is not None:
             watch.abort()
         if bridge is not None:
             bridge.close()
         raise
+
+
+def leave_together(local):
+    """After init failed on this node's ranks: each reports its error (an uncaught one is printed
+    before atexit runs), then waits at exit, at most LEAVE_S, for the node's others to be there
+    too. Launchers such as torchrun stop a node's ranks once one has exited, so a rank a loaded
+    machine kept from its report a moment longer would otherwise say nothing."""
+    def leave():
+        try:
+            local.ibarrier().wait(timeout=LEAVE_S)
+        except BaseException:  # a rank that went on (or died): no more waiting
+            local.abort()
+        try:
+            local.close()
+        except BaseException:
+            pass
+    atexit.register(leave)
 
 
 def probe(bridge, layout, timeout):

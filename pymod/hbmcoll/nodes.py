@@ -6,11 +6,14 @@ neither the secret nor a replayable answer is ever sent). Each member then sends
 bridge card: its endpoint's address and the key of its registered pool; and what the node layer
 says about its node), and once all have come member 0 answers every member with all blobs, or
 with the one error that ends the job (say, two nodes that claim the same rank). A peer that
-cannot prove the secret is refused and never sees a card.
+cannot prove the secret is refused and never sees a card. Member 0 serves every connection at
+once, each with its own deadline and size limit: a stranger that connects and says nothing (or
+says it slowly) is dropped and delays nobody.
 
 The connections stay open: they are how a lost node is noticed (Watch). When a node goes away
 its connections close without a goodbye (or, when its link went down, the kernel's keepalive ends
-them), member 0 closes all of its own, and every member's watch fires.
+them), member 0 closes all of its own, and every member's watch fires. A member that closes
+says so, with how many calls it made: a member in a later call is told at once (Watch).
 
     blobs, watch = exchange(me, (addr, port), secret, card, members(n), timeout)
     ...                                   # bridge.watch(watch.fileno(), "the job's other nodes")
@@ -20,6 +23,7 @@ import hashlib
 import hmac
 import os
 import select
+import selectors
 import socket
 import struct
 import threading
@@ -30,6 +34,9 @@ from .errors import BootstrapError
 MAGIC = b"HBMN1\0"
 NONCE = 32
 KEEPALIVE_S = 5  # a node whose link is down is lost after about 10 s (_keepalive)
+HANDSHAKE_S = 10  # how long member 0 gives one connection to prove the secret and send its blob
+BLOB_LIMIT = 1 << 16  # a member's blob at most (its card and its node's ranks)
+MAX_SHAKES = 64  # connections proving the secret at once; more are closed at once
 
 
 def _keepalive(sock):
@@ -60,7 +67,7 @@ def _send_blob(sock, blob):
     sock.sendall(struct.pack("!I", len(blob)) + blob)
 
 
-def _recv_blob(sock, deadline, limit=1 << 16):
+def _recv_blob(sock, deadline, limit=BLOB_LIMIT):
     (n,) = struct.unpack("!I", _recv_exact(sock, 4, deadline))
     if n > limit:
         raise ConnectionError("a message longer than the protocol allows")
@@ -68,57 +75,113 @@ def _recv_blob(sock, deadline, limit=1 << 16):
 
 
 class Watch:
-    """What a member's bridge watches for lost nodes: a socket that reaches end of file without a
-    goodbye when a node goes away.
+    """What a member's bridge watches for lost nodes (fileno(): one end of a socket pair that a
+    thread closes when the job can no longer go on), and how members leave.
 
-    Member k > 0 watches its connection to member 0. Member 0 has a thread on all of its
-    connections: a goodbye (one byte) is a member that finished; end of file without one is a
-    lost node, and the thread then closes every other connection and its end of member 0's
-    own watched socket pair, so every member's watch fires.
+    Exit is a message. A member that closes says so with the number of the communicator's
+    calls it made (member k to member 0, which tells every other member; member 0 tells all);
+    a member that is in a later call (calls, counted by the communicator through began()) will
+    never see the leaver there, and its watch fires at once. End of file without a goodbye is
+    a lost node: member 0 then closes every connection, so every member's watch fires.
 
     close() is collective, as the endpoints must not close while a peer's last write to them is
     still completing: each member says goodbye once its own writes completed, and member 0
-    answers everyone after all said it; only then do they close. abort() says nothing and
-    waits for nothing (the others take it as this node lost).
+    answers everyone after all said it or were lost; only then do they close. abort() says
+    nothing and waits for nothing (the others take it as this node lost).
     """
 
-    BYE = b"B"
+    BYE, LEFT, ALL = b"B", b"L", b"A"  # k -> 0 "I leave after n calls"; 0 -> k "a member did"; 0 -> k "all did"
 
     def __init__(self, socks, relay):
-        self._socks, self._thread, self._mine = list(socks), None, None
-        self._bye = set()  # member 0: connections that said goodbye (their fds)
-        if relay:
-            self._mine, self._theirs = socket.socketpair()
-            self._thread = threading.Thread(target=self._relay, name="hbmcoll-nodes-watch", daemon=True)
-            self._stop = False
-            self._thread.start()
+        self._socks, self._relays = list(socks), relay  # relay: member 0
+        self.calls = 0       # calls the communicator began
+        self.left = None     # fewest calls of a member that left, None while none has
+        self._lock = threading.Lock()
+        self._bye, self._gone = set(), set()  # fds that said goodbye (member 0); that reached end of file
+        self._sending = threading.Lock()  # the thread and close() both send
+        self._answered = threading.Event()
+        self._stop = False
+        self._mine, self._theirs = socket.socketpair()
+        self._thread = threading.Thread(target=self._relay, name="hbmcoll-nodes-watch", daemon=True)
+        self._thread.start()
 
     def fileno(self):
-        if self._mine is not None:
-            return self._mine.fileno()
-        return self._socks[0].fileno() if self._socks else -1
+        return self._mine.fileno() if self._mine is not None else -1
+
+    def began(self):
+        """The communicator begins a call: the calls of a member that left before it, or None."""
+        with self._lock:
+            self.calls += 1
+            return self.left if self.left is not None and self.left < self.calls else None
+
+    def why(self):
+        """Why this member's call cannot finish, when a member left before it; else None."""
+        with self._lock:
+            if self.left is None or self.left >= self.calls:
+                return None
+            more = self.calls - self.left
+            return (f"another node's ranks closed the communicator while this rank is in a collective they never "
+                    f"made ({more} more than they did): every rank must make the same collectives")
+
+    def _leave(self, n):
+        with self._lock:
+            self.left = n if self.left is None else min(self.left, n)
+            fire = self.calls > n
+        if fire:
+            self._theirs.close()
+
+    def _send_all(self, msg):
+        with self._sending:
+            for s in self._socks:
+                if s.fileno() not in self._gone:
+                    try:
+                        s.sendall(msg)
+                    except OSError:
+                        pass
 
     def _relay(self):
         ep = select.epoll()
         live = {s.fileno(): s for s in self._socks}
+        held = dict.fromkeys(live, b"")
         for fd in live:
             ep.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
         try:
             while live and not self._stop:
                 for fd, _ in ep.poll(0.2):
                     try:
-                        data = live[fd].recv(1)
+                        data = live[fd].recv(4096)
                     except OSError:
                         data = b""
+                    if data:
+                        held[fd] = self._take(fd, held[fd] + data)
+                        continue
                     ep.unregister(fd)
                     del live[fd]
-                    if data == self.BYE:
-                        self._bye.add(fd)
-                    elif not self._stop:
+                    said = fd in self._bye or self._answered.is_set()
+                    self._gone.add(fd)
+                    if not said and not self._stop:  # a lost node (or member 0 gone)
                         self._drop()
                         return
         finally:
             ep.close()
+
+    def _take(self, fd, buf):
+        """Act on the whole messages in buf; the rest (a part of one) is returned."""
+        while buf:
+            kind = buf[:1]
+            if kind == self.ALL:
+                self._answered.set()
+                buf = buf[1:]
+                continue
+            if len(buf) < 9:
+                return buf
+            (n,) = struct.unpack("!Q", buf[1:9])
+            buf = buf[9:]
+            if kind == self.BYE and self._relays:  # member k leaves: tell the others
+                self._bye.add(fd)
+                self._send_all(self.LEFT + struct.pack("!Q", n))
+            self._leave(n)
+        return buf
 
     def _drop(self):
         for s in self._socks:
@@ -127,6 +190,11 @@ class Watch:
             except OSError:
                 pass
         self._theirs.close()
+
+    def _wait(self, until, timeout):
+        end = time.monotonic() + timeout
+        while not until() and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
 
     def close(self, timeout=60):
         """This member finished (its writes completed): goodbye, and wait for everyone's."""
@@ -137,79 +205,147 @@ class Watch:
         self._finish(False, 0)
 
     def _finish(self, graceful, timeout):
-        if not self._socks and self._mine is None:
+        if self._mine is None:
             return  # finished already (an abort, then close)
-        if self._thread is not None:
-            self._stop = True
-            self._thread.join()
         if graceful:
-            try:
-                if self._thread is None:  # member k: goodbye, then member 0's answer
-                    self._socks[0].sendall(self.BYE)
-                    self._socks[0].settimeout(timeout)
-                    self._socks[0].recv(1)  # end of file too: member 0 is gone, nothing to wait for
-                else:  # member 0: everyone's goodbye first, then the answer to all
-                    for s in self._socks:
-                        if s.fileno() not in self._bye:
-                            s.settimeout(timeout)
-                            s.recv(1)
-                    for s in self._socks:
-                        s.sendall(self.BYE)
-            except OSError:
-                pass
+            done = struct.pack("!Q", self.calls)
+            if self._relays:  # member 0: this member leaves too; everyone's goodbye, then the answer
+                self._send_all(self.LEFT + done)
+                self._wait(lambda: len(self._bye | self._gone) >= len(self._socks), timeout)
+                self._send_all(self.ALL)
+            else:  # member k: goodbye, then member 0's answer (or its end)
+                self._send_all(self.BYE + done)
+                self._wait(self._answered.is_set, timeout)
+        self._stop = True
+        self._thread.join()
         for s in self._socks:
             s.close()
         self._socks = []
-        if self._mine is not None:
-            self._mine.close()
-            self._theirs.close()
-            self._mine = None
+        self._mine.close()
+        self._theirs.close()
+        self._mine = None
+
+
+class _Handshake:
+    """One connection to member 0's rendezvous, proving the secret: fed bytes as they come (the
+    serve loop never waits on one connection), done with a blob, or failed."""
+
+    HEAD = len(MAGIC) + 4 + NONCE
+
+    def __init__(self, conn, secret, deadline):
+        self.conn, self.secret, self.deadline = conn, secret, deadline
+        self.got, self.mine, self.who = b"", None, None
+
+    def feed(self, data):
+        """The member's (number, blob) once it proved the secret; None while more must come.
+        ConnectionError for a stranger, a wrong proof or a message beyond the limits."""
+        self.got += data
+        if self.mine is None:
+            if len(self.got) < self.HEAD:
+                return None
+            head = self.got[:self.HEAD]
+            if head[:len(MAGIC)] != MAGIC:
+                raise ConnectionError("not an hbmcoll member")
+            (self.who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
+            self.mine = os.urandom(NONCE)
+            self.conn.sendall(self.mine + _proof(self.secret, b"server", head[len(MAGIC) + 4:], self.mine))
+        rest = self.got[self.HEAD:]
+        if len(rest) < 36:
+            return None
+        (n,) = struct.unpack("!I", rest[32:36])
+        if n > BLOB_LIMIT:
+            raise ConnectionError("a message longer than the protocol allows")
+        if len(rest) < 36 + n:
+            return None
+        if len(rest) > 36 + n:
+            raise ConnectionError("more than the protocol says")
+        head, blob = self.got[:self.HEAD], rest[36:]
+        if not hmac.compare_digest(rest[:32], _proof(self.secret, b"client", self.mine, head[len(MAGIC) + 4:],
+                                                     head[:len(MAGIC) + 4], blob)):
+            raise ConnectionError("it does not hold the job's secret")
+        return self.who, blob
 
 
 def _serve(srv, where, secret, blob, complete, deadline):
+    """Member 0's side: connections are served together (one selector, nothing blocks on one),
+    each with its own deadline and size limit, so a silent or trickling stranger is dropped and
+    never delays the members."""
     blobs, socks = {0: blob}, {}
     verdict = None
-    while verdict is None:
-        left = deadline - time.monotonic() if deadline else None
-        if left is not None and left <= 0:
-            raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
-                                 f"(members {sorted(blobs)})")
-        srv.settimeout(min(left, 1.0) if left is not None else 1.0)
-        try:
-            conn, _ = srv.accept()
-            _keepalive(conn)
-        except socket.timeout:
-            continue
-        try:
-            head = _recv_exact(conn, len(MAGIC) + 4 + NONCE, deadline)
-            if head[:len(MAGIC)] != MAGIC:
-                raise ConnectionError("not an hbmcoll member")
-            (who,) = struct.unpack("!I", head[len(MAGIC):len(MAGIC) + 4])
-            theirs = head[len(MAGIC) + 4:]
-            mine = os.urandom(NONCE)
-            conn.sendall(mine + _proof(secret, b"server", theirs, mine))
-            answer = _recv_exact(conn, 32, deadline)
-            their_blob = _recv_blob(conn, deadline)
-            if not hmac.compare_digest(answer, _proof(secret, b"client", mine, theirs, head[:len(MAGIC) + 4],
-                                                      their_blob)):
-                raise ConnectionError("it does not hold the job's secret")
-            if who == 0 or who in blobs:
-                raise ConnectionError(f"member number {who} came twice")
-        except (ConnectionError, OSError, struct.error):
-            conn.close()  # refused: it never sees a card
-            continue
-        blobs[who], socks[who] = their_blob, conn
-        try:
-            verdict = b"O" + _pack(blobs) if complete(blobs) else None
-        except BootstrapError as exc:
-            verdict = b"E" + str(exc).encode()
+    sel = selectors.DefaultSelector()
+    srv.setblocking(False)
+    sel.register(srv, selectors.EVENT_READ)
+    try:
+        while verdict is None:
+            now = time.monotonic()
+            if deadline and now >= deadline:
+                raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
+                                     f"(members {sorted(blobs)})")
+            for key in list(sel.get_map().values()):  # handshakes past their own deadline
+                if key.data is not None and now >= key.data.deadline:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+            wait = min([1.0] + [k.data.deadline - now for k in sel.get_map().values() if k.data is not None])
+            for key, _ in sel.select(max(0.01, wait)):
+                if key.data is None:
+                    _accept(srv, sel, secret)
+                    continue
+                conn, shake = key.fileobj, key.data
+                try:
+                    data = conn.recv(65536)
+                    if not data:
+                        raise ConnectionError("closed")
+                    done = shake.feed(data)
+                    if done is not None and (done[0] == 0 or done[0] in blobs):
+                        raise ConnectionError(f"member number {done[0]} came twice")
+                except (ConnectionError, OSError, struct.error):
+                    sel.unregister(conn)
+                    conn.close()  # refused: it never sees a card
+                    continue
+                if done is None:
+                    continue
+                sel.unregister(conn)
+                conn.setblocking(True)
+                blobs[done[0]], socks[done[0]] = done[1], conn
+                try:
+                    verdict = b"O" + _pack(blobs) if complete(blobs) else None
+                except BootstrapError as exc:
+                    verdict = b"E" + str(exc).encode()
+                if verdict is not None:
+                    break
+    finally:
+        for key in list(sel.get_map().values()):
+            if key.data is not None:
+                key.fileobj.close()  # strangers still proving nothing
+        sel.close()
+        srv.setblocking(True)
     for s in socks.values():
-        _send_blob(s, verdict)
+        s.settimeout(HANDSHAKE_S)
+        try:
+            _send_blob(s, verdict)
+        except OSError:
+            pass  # that member is gone: its watch end closes, the others' watches fire
+        s.settimeout(None)
     if verdict[:1] == b"E":
         for s in socks.values():
             s.close()
         raise BootstrapError(verdict[1:].decode())
     return blobs, Watch(list(socks.values()), relay=True)
+
+
+def _accept(srv, sel, secret):
+    try:
+        conn, _ = srv.accept()
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:  # out of descriptors, say: the others come again later
+        return
+    if sum(k.data is not None for k in sel.get_map().values()) >= MAX_SHAKES:
+        conn.close()  # a flood of strangers: members connect again until they get in
+        return
+    conn.setblocking(False)
+    _keepalive(conn)
+    sel.register(conn, selectors.EVENT_READ, _Handshake(conn, secret, time.monotonic() + HANDSHAKE_S))
 
 
 def _pack(blobs):
@@ -225,22 +361,36 @@ def _unpack(data):
     return blobs
 
 
-def _join(me, where, secret, blob, deadline):
-    addr, port = where
+def _connect(me, addr, port, deadline):
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=1.0)
             _keepalive(sock)
-            break
+            return sock
         except OSError:
             if deadline and time.monotonic() > deadline:
-                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time")
+                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time") from None
             time.sleep(0.05)
+
+
+def _join(me, where, secret, blob, deadline):
+    addr, port = where
+    mine, head = os.urandom(NONCE), MAGIC + struct.pack("!I", me)
+    while True:  # member 0 may close a connection unanswered (too many at once): again
+        sock = _connect(me, addr, port, deadline)
+        try:
+            sock.sendall(head + mine)
+            reply = _recv_exact(sock, NONCE + 32, deadline)
+            break
+        except (ConnectionError, OSError):
+            sock.close()
+            if deadline and time.monotonic() > deadline:
+                raise BootstrapError(f"member {me}: member 0 at {addr}:{port} never answered in time") from None
+            time.sleep(0.1)
+        except BaseException:
+            sock.close()
+            raise
     try:
-        mine = os.urandom(NONCE)
-        head = MAGIC + struct.pack("!I", me)
-        sock.sendall(head + mine)
-        reply = _recv_exact(sock, NONCE + 32, deadline)
         theirs, proof = reply[:NONCE], reply[NONCE:]
         if not hmac.compare_digest(proof, _proof(secret, b"server", mine, theirs)):
             raise BootstrapError(f"the listener at {addr}:{port} does not hold the job's secret: refused")
