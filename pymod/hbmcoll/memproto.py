@@ -102,8 +102,11 @@ def _recv_exactly(sock, n):
     return data
 
 
-def proof(token, nonce):
-    return hmac.new(token.encode(), b"hbmcoll-memserver:" + nonce, hashlib.sha256).hexdigest()
+def proof(token, nonce, side="client"):
+    """HMAC-SHA256 of a nonce under the token; the client's and the server's proofs differ, so
+    neither can hand the other's back."""
+    label = b"hbmcoll-memserver:" if side == "client" else b"hbmcoll-memserver-answer:"
+    return hmac.new(token.encode(), label + nonce, hashlib.sha256).hexdigest()
 
 
 def check_token(token, where):

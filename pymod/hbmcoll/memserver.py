@@ -8,8 +8,10 @@ registers it with the NIC (a bridge endpoint, libfabric) and serves named buffer
 to clients (hbmcoll.RemoteBuffer) that present the job's token.
 
 Control, over TCP (one connection per client, length-prefixed JSON): the server's nonce; the
-client's proof (HMAC-SHA256 of the nonce under the token) and endpoint card; the server's card
-and the client's two slots in the server's pool (requests in, replies out). Then `open` (the
+client's proof (HMAC-SHA256 of the nonce under the token) and a nonce of its own; the server's
+proof on that nonce and its endpoint card; only then the client's card (a key to its pool, which
+a stranger posing as the server must never get); the client's two slots in the server's pool
+(requests in, replies out). Then `open` (the
 first open of a name creates the buffer; a later one with another shape or dtype is refused),
 `lock` / `unlock` (a lock is held for a lease: a holder that dies or overruns it loses it; each
 grant carries a fencing token, increasing per buffer, which the data path checks on every write
@@ -47,7 +49,7 @@ import time
 import numpy as np
 
 from .memproto import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
-from .memserver_control import CLIENT, CLOSING, HELLO, Conn, Refused, check_hello, check_request
+from .memserver_control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
 
 MAX_HANDSHAKES = 64  # connections proving the token at once; past it, the longest waiting goes
 
@@ -100,7 +102,7 @@ class Server:
                 sock, _ = self.listener.accept()
             except OSError:  # none left; or out of descriptors: it waits in the backlog
                 return
-            starting = [c for c in self.conns if c.state == HELLO]
+            starting = [c for c in self.conns if c.state in (HELLO, PROVEN)]
             if len(starting) >= MAX_HANDSHAKES:
                 self._refuse(starting[0], f"refused: {MAX_HANDSHAKES} connections were proving the token at once; "
                                           "this one had waited longest")
@@ -110,8 +112,9 @@ class Server:
             self._watch(conn)
 
     def _hello(self, conn, hello):
-        """A connection's hello: its proof of the token, then its card and reply_to; it becomes a
-        client, or Refused."""
+        """A connection's hello: its proof of the token and a nonce of its own, which the server
+        proves the token on in turn, with its card. Only then does the client send its card (a
+        key to its pool): a stranger posing as the server never gets one. Refused otherwise."""
         given = hello.get("proof")
         want = proof(self.token, conn.nonce).encode()
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), want):
@@ -119,19 +122,27 @@ class Server:
         check_hello(hello)
         if not self.free_slots:
             raise Refused(f"the server serves at most {len(self.clients)} clients")
+        conn.state = PROVEN
+        conn.send({"proof": proof(self.token, bytes.fromhex(hello["nonce"]), "server"),
+                   "card": self.ep.card().hex()})
+
+    def _join(self, conn, msg):
+        """A proven connection's card and reply_to: it becomes a client, or Refused."""
+        check_card(msg)
+        if not self.free_slots:
+            raise Refused(f"the server serves at most {len(self.clients)} clients")
         index = self.free_slots.pop()
         try:
-            client = Client(index, conn, self.ep.add_peer(bytes.fromhex(hello["card"])),
+            client = Client(index, conn, self.ep.add_peer(bytes.fromhex(msg["card"])),
                             self.capacity + index * 2 * SLOT_BYTES)
-            client.reply_to = hello["reply_to"]
+            client.reply_to = msg["reply_to"]
             self.data.add_client(index, client.peer, client.slot, client.reply, client.reply_to)
         except Exception as exc:  # the card or reply_to the bridge refused: this client's fault alone
             self.free_slots.append(index)
             raise Refused(f"hello: the bridge refused the client's endpoint: {exc}") from None
         conn.state, conn.deadline, conn.client = CLIENT, None, client
         self.clients[index] = client
-        if not conn.send({"card": self.ep.card().hex(), "slot": client.slot, "slot_bytes": SLOT_BYTES,
-                          "client": index}):
+        if not conn.send({"slot": client.slot, "slot_bytes": SLOT_BYTES, "client": index}):
             self._drop(client)
 
     def _stir(self, conn, events):
@@ -145,6 +156,8 @@ class Server:
             while conn in self.conns and conn.state != CLOSING and (msg := conn.next_message()) is not None:
                 if conn.state == HELLO:
                     self._hello(conn, msg)
+                elif conn.state == PROVEN:
+                    self._join(conn, msg)
                 else:
                     check_request(msg)
                     answer = self._request(conn.client, msg)
@@ -278,7 +291,7 @@ class Server:
                     self._stir(key.data, events)
             now = time.monotonic()
             for conn in [c for c in self.conns if c.deadline is not None and now > c.deadline]:
-                if conn.state == HELLO:
+                if conn.state in (HELLO, PROVEN):
                     self._refuse(conn, f"refused: the handshake did not end within {HANDSHAKE_S:g} s")
                 else:  # a dropped connection's time to read its error is over
                     self._close(conn)

@@ -21,7 +21,8 @@ import struct
 
 from .memproto import DTYPES, HANDSHAKE_S, MAX_LEASE_S, MAX_MSG, lease_ok
 
-HELLO, CLIENT, CLOSING = "hello", "client", "closing"
+# a connection: its hello (the token's proof), then, proven, its card; then a client (or closing)
+HELLO, PROVEN, CLIENT, CLOSING = "hello", "proven", "client", "closing"
 GOODBYE_S = 1.0             # a dropped connection's time to read its error
 MAX_OUTBOX = 1 << 20        # answers a client leaves unread, at most: then it is dropped
 MAX_NAME = 1024             # a buffer's name, in bytes
@@ -68,7 +69,7 @@ class Conn:
         JSON, or not an object."""
         if len(self.inbox) < 4 or self.state == CLOSING:
             return None
-        what = "the hello" if self.state == HELLO else "a control message"
+        what = "the hello" if self.state in (HELLO, PROVEN) else "a control message"
         n = struct.unpack_from("<I", self.inbox)[0]
         if n > MAX_MSG:  # refused before its bytes come
             raise Refused(f"{what} of {n} bytes is over the limit: at most {MAX_MSG} are taken")
@@ -181,8 +182,24 @@ def check_request(msg):
 
 
 def check_hello(msg):
-    """Refused unless the hello's card and reply_to are well formed (its proof is checked first)."""
-    _fields("hello", msg, (("card", _card, REQUIRED), ("reply_to", _reply_to, REQUIRED)))
+    """Refused unless the hello's nonce (the client's challenge to the server) is well formed
+    (its proof is checked first)."""
+    _fields("hello", msg, (("nonce", _nonce, REQUIRED),))
+
+
+def check_card(msg):
+    """Refused unless a proven client's card and reply_to are well formed."""
+    _fields("card", msg, (("card", _card, REQUIRED), ("reply_to", _reply_to, REQUIRED)))
+
+
+def _nonce(op, field, v):
+    ok = isinstance(v, str) and 32 <= len(v) <= 128 and len(v) % 2 == 0
+    try:
+        ok = ok and bytes.fromhex(v) is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise Refused(f"{op}: the {field} must be 16 to 64 bytes in hex, not {_show(v)}")
 
 
 def _fields(op, msg, fields):

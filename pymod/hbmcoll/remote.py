@@ -22,6 +22,7 @@ without the lock stay allowed. Every reply is awaited for timeout= (memproto.DAT
 unless given). A connection that failed is dropped and made again at the next call; a buffer
 whose server restarted meanwhile is gone with it (PeerLostError), never read from the new one.
 """
+import hmac
 import itertools
 import os
 import secrets
@@ -96,17 +97,20 @@ class _Connection:
                 time.sleep(0.2)
             except OSError as exc:
                 raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
-        hello = self._recv()
+        # Both sides prove the token, each on the other's nonce, before this side sends its card
+        # (a key to its pool): a stranger posing as the server learns nothing of use.
+        hello, mine = self._recv(), secrets.token_bytes(16)
         self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES)
-        ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "card": self.ep.card().hex(),
-                                "reply_to": ms.SLOT_BYTES})
-        answer = self._recv()
-        if "error" in answer:
+        ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "nonce": mine.hex()})
+        answer = self._answer()
+        given = answer.get("proof")
+        if not isinstance(given, str) or not hmac.compare_digest(given, ms.proof(token, mine, "server")):
             self.close()
-            if answer["error"].startswith("refused"):
-                raise PermissionError(f"memory server {addr}: {answer['error']}")
-            raise Error(f"memory server {addr}: {answer['error']}")
+            raise PermissionError(f"the memory server at {addr} could not prove the token: refused (this client "
+                                  "sent it nothing but its own proof)")
         self.peer = self.ep.add_peer(bytes.fromhex(answer["card"]))
+        ms.send_msg(self.sock, {"card": self.ep.card().hex(), "reply_to": ms.SLOT_BYTES})
+        answer = self._answer()
         self.slot, self.index = answer["slot"], answer["client"]
         self.ep.watch(self.sock.fileno(), f"the memory server at {addr}")
         self.pool = np.frombuffer(self.ep.pool(), np.uint8)
@@ -115,6 +119,16 @@ class _Connection:
         self.lock = threading.Lock()      # the data path: one caller's requests at a time
         self.ctl_lock = threading.Lock()  # the control connection: one exchange at a time
         self.local_locks = {}             # buffer id -> [this process's lock of it, depth] (_Lock)
+
+    def _answer(self):
+        """The server's next message during the handshake; its refusal raised."""
+        answer = self._recv()
+        if "error" in answer:
+            self.close()
+            if answer["error"].startswith("refused"):
+                raise PermissionError(f"memory server {self.addr}: {answer['error']}")
+            raise Error(f"memory server {self.addr}: {answer['error']}")
+        return answer
 
     def _recv(self):
         try:

@@ -82,7 +82,7 @@ def _bad_hello(rng, addr, card):
     sock = _connect(addr)
     nonce = bytes.fromhex(ms.recv_msg(sock)["nonce"])
     kind = rng.randrange(8)
-    good = {"proof": ms.proof(TOKEN, nonce), "card": card.hex(), "reply_to": ms.SLOT_BYTES}
+    good = {"proof": ms.proof(TOKEN, nonce), "nonce": os.urandom(16).hex()}
     if kind == 0:    # not an object
         body, told = json.dumps(rng.choice([[1], 1, "x", None, True, 2.5, [], [[{}]], "proof"])).encode(), True
     elif kind == 1:  # not JSON
@@ -101,15 +101,24 @@ def _bad_hello(rng, addr, card):
         sock.sendall(os.urandom(rng.randint(1, 600)))
         sock.close()
         return None, False
-    elif kind == 6:  # a field of the wrong type or value, the proof good or not
+    elif kind == 6 and rng.random() < 0.5:  # the hello: a field of the wrong type or value
         hello = dict(good)
-        field = rng.choice(["proof", "card", "reply_to"])
-        hello[field] = _wrong(rng, card.hex()[:-2], "ff" + card.hex()[2:], card.hex()[:7], 1 << 49, "16")
-        if field == "reply_to" and hello[field] == 0 and type(hello[field]) is int:
-            hello[field] = -4  # 0 is a good offset
+        field = rng.choice(["proof", "nonce"])
+        hello[field] = _wrong(rng, "16", good["nonce"][:31], good["nonce"] * 5)  # none a nonce
         if rng.random() < 0.3:
             del hello[field]
         body, told = json.dumps(hello).encode(), True
+    elif kind == 6:  # proven, then a card message with a field of the wrong type or value
+        ms.send_msg(sock, good)
+        assert ms.recv_msg(sock)["proof"] == ms.proof(TOKEN, bytes.fromhex(good["nonce"]), "server")
+        joined = {"card": card.hex(), "reply_to": ms.SLOT_BYTES}
+        field = rng.choice(["card", "reply_to"])
+        joined[field] = _wrong(rng, card.hex()[:-2], "ff" + card.hex()[2:], card.hex()[:7], 1 << 49, "16")
+        if field == "reply_to" and joined[field] == 0 and type(joined[field]) is int:
+            joined[field] = -4  # 0 is a good offset
+        if rng.random() < 0.3:
+            del joined[field]
+        body, told = json.dumps(joined).encode(), True
     else:            # a wrong proof with a good card
         hello = dict(good, proof=ms.proof(TOKEN + "x", nonce))
         body, told = json.dumps(hello).encode(), True

@@ -8,8 +8,11 @@ memserver_control.py): raw sockets against a real server (python -m hbmcoll.mems
   sender is dropped; the client raises the server's refusal as an error;
 - an idle handshake, a trickling one, and a token holder that never reads its answers stall no
   other client (reads with a short timeout are served while the bad connection stays open), and
-  a handshake that does not end within its deadline is dropped.
+  a handshake that does not end within its deadline is dropped;
+- a stranger posing as the server (it cannot prove the token on the client's nonce) is refused
+  by the client, which never sends it its card (a key to its pool).
 """
+import os
 import select
 import socket
 import struct
@@ -61,8 +64,11 @@ def _refused(sock, words):
 def _holder(addr, card, rcvbuf=None):
     """A connection that proved the token (card: a real endpoint's, for the server to add)."""
     sock = _connect(addr, rcvbuf)
-    nonce = bytes.fromhex(_next(sock)["nonce"])
-    ms.send_msg(sock, {"proof": ms.proof(TOKEN, nonce), "card": card.hex(), "reply_to": ms.SLOT_BYTES})
+    nonce, mine = bytes.fromhex(_next(sock)["nonce"]), os.urandom(16)
+    ms.send_msg(sock, {"proof": ms.proof(TOKEN, nonce), "nonce": mine.hex()})
+    got = _next(sock)
+    assert got and got.get("proof") == ms.proof(TOKEN, mine, "server"), got
+    ms.send_msg(sock, {"card": card.hex(), "reply_to": ms.SLOT_BYTES})
     got = _next(sock)
     assert got and "slot" in got, got
     return sock
@@ -260,3 +266,35 @@ def test_a_token_holder_that_never_reads_its_answers_stalls_no_client(servers, c
             t.join(30)
         deaf.close()
     _still_serving(rb, x)
+
+
+def test_a_stranger_posing_as_the_server_never_gets_a_card():
+    listener = socket.create_server(("127.0.0.1", 0))
+    addr = "127.0.0.1:%d" % listener.getsockname()[1]
+    heard = []
+
+    def pose():  # a server's first message, then a proof it cannot make, then it listens
+        sock, _ = listener.accept()
+        sock.settimeout(5)
+        ms.send_msg(sock, {"nonce": os.urandom(16).hex()})
+        heard.append(ms.recv_msg(sock))
+        from hbmcoll import _core
+        from hbmcoll.layout import iface_to
+        ep = _core.Bridge(iface_to("127.0.0.1"), 2 * ms.SLOT_BYTES)
+        ms.send_msg(sock, {"proof": ms.proof("a-guess-at-the-token-00", os.urandom(16), "server"),
+                           "card": ep.card().hex()})
+        try:
+            heard.append(ms.recv_msg(sock))  # None: the client hung up, and said nothing more
+        except OSError as exc:
+            heard.append(exc)
+        ep.close()
+        sock.close()
+
+    t = threading.Thread(target=pose)
+    t.start()
+    with pytest.raises(PermissionError, match="could not prove the token"):
+        hbmcoll.RemoteBuffer("bait", (4,), "float32", servers=addr, token=TOKEN, timeout=10)
+    t.join(20)
+    listener.close()
+    assert len(heard) == 2 and "proof" in heard[0] and "card" not in heard[0], heard
+    assert heard[1] is None or isinstance(heard[1], OSError), heard  # no card after the failed proof
