@@ -9,6 +9,20 @@
  * data in libfabric). 32 bits because verbs carries no more. Nothing else crosses: no
  * atomics (rxm emulates them on the CPU), no reads on the data path (a round trip).
  *
+ * Keys are secrets (DESIGN.md, Security model): where we pick the pool's key it is drawn with
+ * getrandom(2) (mr_key_size bytes), and it leaves only in the card, which the callers send over
+ * authenticated channels only. There is no random base: libfabric 1.17 ignores fi_mr_reg's
+ * offset (its man page: "reserved for future use and must be 0"; the util MR map overwrites
+ * it), so without FI_MR_VIRT_ADDR remote addresses are offsets from 0 and the key alone guards.
+ * A write with a wrong key is refused by the target's provider, which drops the connection.
+ * Notes and their senders (checked here with tcp;ofi_rxm): with FI_SOURCE, a message's
+ * completion names its sender (or FI_ADDR_NOTAVAIL for an address never added), but a remote
+ * write's carries no source (rxm writes it without one; fi_cq_readfrom says 0, a real peer's
+ * number). So a note that came with a write is vouched for by the key only (poll says
+ * "peer unknown"), and where the sender matters it travels as a message after the bytes
+ * (coll__net_write_sourced, FI_ORDER_SAW); a message from an address that is no peer is
+ * dropped and counted, and so is any message with bytes (ours carry none).
+ *
  * net_ofi.c implements it over libfabric RDM endpoints: `verbs;ofi_rxm` on InfiniBand and
  * RoCE, `tcp;ofi_rxm` elsewhere, `shm` inside a node (the virtual-address path), the same
  * calls on each. Progress is driven by the caller: every wait polls the completion queue

@@ -10,19 +10,7 @@
  *  - FI_RX_CQ_DATA: where remote CQ data consumes a posted receive (verbs), receives of no
  *    bytes are kept posted.
  *  - cq_data_size: at least the 4 bytes of a note, else the provider is refused.
- * Keys are secrets (DESIGN.md, Security model): where we pick the pool's key it is drawn with
- * getrandom(2) (mr_key_size bytes), and it leaves only in the card, which the callers send over
- * authenticated channels only. There is no random base: libfabric 1.17 ignores fi_mr_reg's
- * offset (its man page: "reserved for future use and must be 0"; the util MR map overwrites
- * it), so without FI_MR_VIRT_ADDR remote addresses are offsets from 0 and the key alone guards.
- * A write with a wrong key is refused by the target's provider, which drops the connection.
- * Notes and their senders (checked here with tcp;ofi_rxm): with FI_SOURCE, a message's
- * completion names its sender (or FI_ADDR_NOTAVAIL for an address never added), but a remote
- * write's carries no source (rxm writes it without one; fi_cq_readfrom says 0, a real peer's
- * number). So a note that came with a write is vouched for by the key only (poll says
- * "peer unknown"), and where the sender matters it travels as a message after the bytes
- * (coll__net_write_sourced, FI_ORDER_SAW); a message from an address that is no peer is
- * dropped and counted, and so is any message with bytes (ours carry none).
+ * Keys and notes' senders: net.h says what protects the pool and why (checked here).
  * Progress is manual on tcp: every call that waits reads the completion queue, and notes
  * that arrive while a flush waits for its own writes are queued for the next poll.
  *
