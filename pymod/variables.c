@@ -1,6 +1,6 @@
 /*
  * variables.c - hbmcoll._core.variables(): libcoll's one list of the HBMCOLL_* variables
- * (coll_variables), for the README's generated table and `python -m hbmcoll.variables`.
+ * (coll_variables), for docs/reference.md's generated table and `python -m hbmcoll.variables`.
  */
 #include "core.h"
 

@@ -311,7 +311,7 @@ typedef struct {
   const char *meaning;  /* one sentence, Markdown */
   const char *fallback; /* the default, in words */
 } coll_variable_t;
-/* The list, in the README's order; *count_p (if not NULL) gets its length. */
+/* The list, in docs/reference.md's order; *count_p (if not NULL) gets its length. */
 const coll_variable_t *coll_variables(size_t *count_p);
 
 #ifdef __cplusplus

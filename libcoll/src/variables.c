@@ -2,9 +2,9 @@
  * variables.c - the one list of every HBMCOLL_* variable a user may set, read by libcoll, by
  * the Python package or by the launchers, with what it means and its default.
  *
- * The README's table is generated from it (`python3 -m hbmcoll.variables`), and a test checks
- * both ways: the README shows exactly this list, and every HBMCOLL_* name the sources read is
- * in it. param.c parses the ones libcoll reads; this file only describes them.
+ * docs/reference.md's table is generated from it (`python3 -m hbmcoll.variables`), and a test
+ * checks both ways: docs/reference.md shows exactly this list, and every HBMCOLL_* name the
+ * sources read is in it. param.c parses the ones libcoll reads; this file only describes them.
  */
 #include "coll.h"
 

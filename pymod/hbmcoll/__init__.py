@@ -5,7 +5,7 @@
     comm.allreduce(grads)          # in place, NumPy arrays or torch tensors
     comm.bcast(params, root=0)
 
-See README.md for the whole API.
+See docs/api.md for the whole API.
 """
 from .errors import (ArgumentError, BootstrapError, CodedError, Error,  # noqa: F401
                      ForkedError, MismatchError, NotFoundError, NotSupportedError,

@@ -1,6 +1,6 @@
 """The HBMCOLL_* variables, from libcoll's one list (libcoll/src/variables.c).
 
-    python3 -m hbmcoll.variables            # the README's table, in Markdown
+    python3 -m hbmcoll.variables            # docs/reference.md's table, in Markdown
     hbmcoll.variables.table()               # the same text
     hbmcoll.variables.names()               # the set of their names
 """
@@ -20,7 +20,7 @@ def names():
 
 
 def table():
-    """The Markdown table, between the markers the README keeps it in."""
+    """The Markdown table, between the markers docs/reference.md keeps it in."""
     lines = [BEGIN, "| variable | read by | meaning | default |", "|---|---|---|---|"]
     lines += [f"| `{v['name']}` | {v['scope']} | {v['meaning']} | {v['default']} |" for v in rows()]
     return "\n".join(lines + [END])

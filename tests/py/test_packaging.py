@@ -162,7 +162,7 @@ def test_sdist_installs_and_runs_outside_the_checkout(sdist, sdist_venv, outside
     assert report.startswith(f"hbmcoll 0.1.0 at {site / 'hbmcoll'}, Python"), report
 
     # the C library: headers, static library and hbmcoll.pc inside the package, used by a
-    # C program as the README says (pkg-config, then hbmcoll-run)
+    # C program as docs/install.md says (pkg-config, then hbmcoll-run)
     pcdir = run([py, "-m", "hbmcoll.clib"], 60, user_env(), outside).stdout.strip()
     assert Path(pcdir) == site / "hbmcoll" / "lib" / "pkgconfig"
     for f in ("include/hbmcoll/coll.h", "include/hbmcoll/coll_numa.h", "lib/libhbmcoll.a"):
@@ -202,7 +202,7 @@ def test_manylinux_wheel_installs_and_runs(sdist, work, pip_env, outside):
     run([sys.executable, "-m", "auditwheel", "repair", "-w", fixed, whl], 300, env, work)
     (whl,) = fixed.glob("*.whl")
     # bookworm's glibc 2.36 gives manylinux_2_34 here (symbols up to GLIBC_2.34); a wider tag
-    # needs a build inside a manylinux image (README, "Install")
+    # needs a build inside a manylinux image (docs/install.md, "A manylinux wheel")
     assert re.search(rf"-manylinux_2_\d+_{platform.machine()}\.whl$", whl.name), whl.name
     names = zipfile.ZipFile(whl).namelist()
     assert any(re.match(r"hbmcoll\.libs/libhwloc-[0-9a-f]+\.so", n) for n in names), names

@@ -1,4 +1,4 @@
-"""The HBMCOLL_* variables: one list in C (libcoll/src/variables.c), the README's table generated
+"""The HBMCOLL_* variables: one list in C (libcoll/src/variables.c), docs/reference.md's table generated
 from it, and every name the sources read in the list (and none in it that nothing reads)."""
 import re
 from pathlib import Path
@@ -17,10 +17,11 @@ def _read_in_sources():
     return found
 
 
-def test_the_readme_shows_the_generated_table():
-    readme = (TOP / "README.md").read_text()
-    assert variables.table() in readme, "README's variables table is stale: paste `python3 -m hbmcoll.variables`"
-    assert readme.count(variables.BEGIN) == 1
+def test_the_reference_shows_the_generated_table():
+    reference = (TOP / "docs" / "reference.md").read_text()
+    assert variables.table() in reference, \
+        "docs/reference.md's variables table is stale: paste `python3 -m hbmcoll.variables`"
+    assert reference.count(variables.BEGIN) == 1
 
 
 def test_every_variable_read_is_listed_and_every_listed_one_is_read():
