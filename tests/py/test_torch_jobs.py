@@ -398,7 +398,7 @@ def test_example_ddp(launcher, tmp_path):
     assert "weights equal on all ranks" in p.stdout, p.stdout + p.stderr[-3000:]
 
 
-NO_IMPORT_OF_OURS = """
+NO_IMPORT_OF_OURS = r"""
 import os, sys, torch, torch.distributed as dist
 assert "hbmcoll" not in sys.modules, "import torch imported hbmcoll"
 dist.init_process_group("hbmcoll")           # the one changed line: no import of hbmcoll
