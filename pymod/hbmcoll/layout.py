@@ -43,6 +43,9 @@ from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
 # own rendezvous waits 900 s too): a node that never comes is an error, not a hang.
 RENDEZVOUS_S = 900
+# What the nodes say to each other at the rendezvous and after (the rings, the watch): raised at
+# every change of it, so nodes running code that cannot talk are told so at once.
+PROTOCOL = 2
 POOL_BYTES = 4 << 20  # each endpoint's registered pool: 4 slots of about 1 MiB
 LEAVE_S = 10  # after a failed init, how long a rank waits at exit for its node's others (leave_together)
 
@@ -157,8 +160,20 @@ def node_name(env):
 def _check(size):
     """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once, each
     node with a bridge endpoint the others can reach."""
+    from . import __version__
+    mine = {"size": size, "version": __version__, "protocol": PROTOCOL}
+
     def complete(blobs):
         heads = {k: json.loads(b.split(b"\0", 1)[0]) for k, b in blobs.items()}
+        for key, what in (("protocol", "the protocol between nodes"), ("version", "hbmcoll's version"),
+                          ("size", "the job's size (ranks in all)")):
+            differ = {h["name"]: h.get(key) for h in heads.values() if h.get(key) != mine[key]}
+            if differ:
+                first = next(h["name"] for h in heads.values() if h.get(key) == mine[key])
+                said = ", ".join(f"{n} {v}" for n, v in differ.items())
+                raise BootstrapError(f"the nodes disagree on {what}: node {first} has {mine[key]}, {said}; "
+                                     "launch every node of the job alike (the same --nnodes and ranks per "
+                                     "node, the same hbmcoll)")
         seen = sorted(r for h in heads.values() for r in h["ranks"])
         if len(seen) < size and len(set(seen)) == len(seen):
             return False
@@ -226,7 +241,8 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
         said = b""
         if local.rank == 0:
             try:
-                head = {"name": name, "ranks": ranks}
+                from . import __version__
+                head = {"name": name, "ranks": ranks, "size": size, "version": __version__, "protocol": PROTOCOL}
                 bridge = _open(iface, pool_bytes, head, local)
                 card = bridge.card() if bridge is not None else b""
                 blobs, watch = nodes.exchange(min(ranks), where_of(0), secret,
