@@ -177,7 +177,7 @@ def _check(size):
         seen = sorted(r for h in heads.values() for r in h["ranks"])
         if len(seen) < size and len(set(seen)) == len(seen):
             return False
-        if seen != list(range(size)):
+        if seen != list(range(size)):  # (complete.who, below, names the missing while they may come)
             raise BootstrapError(f"the nodes' ranks do not make one job of {size}: the nodes that came "
                                  f"hold {seen}; is every node's launch for the same job and size?")
         names = [h["name"] for h in heads.values()]
@@ -192,7 +192,26 @@ def _check(size):
                 raise BootstrapError(f"node {h['name']}'s bridge is on a loopback interface ({h['addr']}), which "
                                      "the other nodes cannot reach: set HBMCOLL_IFACE to its interface toward them")
         return True
+
+    def who(blobs):
+        heads = [json.loads(b.split(b"\0", 1)[0]) for b in blobs.values()]
+        seen = {r for h in heads for r in h["ranks"]}
+        return (f"nodes {', '.join(h['name'] for h in heads)} came with ranks {sorted(seen)} of {size}; missing: "
+                f"the nodes of ranks {_spans(sorted(set(range(size)) - seen))}")
+    complete.who = who
     return complete
+
+
+def _spans(ranks):
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, k = [], 0
+    while k < len(ranks):
+        j = k
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[k]) if j == k else f"{ranks[k]}-{ranks[j]}")
+        k = j + 1
+    return ", ".join(out)
 
 
 def open_bridge(iface, pool_bytes, local):
@@ -245,8 +264,11 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
                 head = {"name": name, "ranks": ranks, "size": size, "version": __version__, "protocol": PROTOCOL}
                 bridge = _open(iface, pool_bytes, head, local)
                 card = bridge.card() if bridge is not None else b""
+                # the node's other ranks wait for this one in a collective bounded by the same time:
+                # its rendezvous ends a little sooner, so they hear why instead of timing out
+                first = timeout if timeout == RENDEZVOUS_S else timeout - min(2.0, timeout / 4)
                 blobs, watch = nodes.exchange(min(ranks), where_of(0), secret,
-                                              json.dumps(head).encode() + b"\0" + card, _check(size), timeout)
+                                              json.dumps(head).encode() + b"\0" + card, _check(size), first)
                 parts = [blobs[k].split(b"\0", 1) for k in sorted(blobs)]
                 heads = [json.loads(h) for h, _ in parts]
                 said = json.dumps({"nodes": [h["ranks"] for h in heads], "names": [h["name"] for h in heads]})

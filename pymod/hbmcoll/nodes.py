@@ -26,6 +26,7 @@ import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -37,6 +38,7 @@ KEEPALIVE_S = 5  # a node whose link is down is lost after about 10 s (_keepaliv
 HANDSHAKE_S = 10  # how long member 0 gives one connection to prove the secret and send its blob
 BLOB_LIMIT = 1 << 16  # a member's blob at most (its card and its node's ranks)
 MAX_SHAKES = 64  # connections proving the secret at once; more are closed at once
+SAY_MISSING_S = 10  # member 0 says who is missing once it has waited this long
 
 
 def _keepalive(sock):
@@ -272,6 +274,7 @@ def _serve(srv, where, secret, blob, complete, deadline):
     never delays the members."""
     blobs, socks = {0: blob}, {}
     verdict = None
+    started, told, refused = time.monotonic(), False, {}  # refused: peer address -> why
     sel = selectors.DefaultSelector()
     srv.setblocking(False)
     sel.register(srv, selectors.EVENT_READ)
@@ -279,8 +282,13 @@ def _serve(srv, where, secret, blob, complete, deadline):
         while verdict is None:
             now = time.monotonic()
             if deadline and now >= deadline:
-                raise BootstrapError(f"member 0 waited at {where} for the other nodes; {len(blobs)} came "
-                                     f"(members {sorted(blobs)})")
+                raise BootstrapError(f"member 0 waited at {where} for the other nodes {now - started:.0f} s: "
+                                     f"{_who(complete, blobs)}{_refused(refused)}; is every node started, with "
+                                     "the same HBMCOLL_JOB_KEY, master address and port?")
+            if not told and now - started >= SAY_MISSING_S:
+                told = True
+                print(f"hbmcoll: the rendezvous at {where} has waited {SAY_MISSING_S:g} s: "
+                      f"{_who(complete, blobs)}{_refused(refused)}", file=sys.stderr, flush=True)
             for key in list(sel.get_map().values()):  # handshakes past their own deadline
                 if key.data is not None and now >= key.data.deadline:
                     sel.unregister(key.fileobj)
@@ -293,12 +301,15 @@ def _serve(srv, where, secret, blob, complete, deadline):
                 conn, shake = key.fileobj, key.data
                 try:
                     data = conn.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed")
+                    if not data:  # after member 0's proof: the member found it wrong
+                        raise ConnectionError("it hung up on member 0's proof of the job's secret (another "
+                                              "HBMCOLL_JOB_KEY?)" if shake.mine is not None else "closed")
                     done = shake.feed(data)
                     if done is not None and (done[0] == 0 or done[0] in blobs):
                         raise ConnectionError(f"member number {done[0]} came twice")
-                except (ConnectionError, OSError, struct.error):
+                except (ConnectionError, OSError, struct.error) as exc:
+                    if "secret" in str(exc):  # a node of another job, or with another HBMCOLL_JOB_KEY
+                        refused[_peer_name(conn)] = str(exc)
                     sel.unregister(conn)
                     conn.close()  # refused: it never sees a card
                     continue
@@ -438,4 +449,23 @@ def members(n):
         if any(k >= n for k in blobs):
             raise BootstrapError(f"a member numbered {max(blobs)} came to a rendezvous of {n}")
         return len(blobs) == n
+    complete.who = lambda blobs: (f"members {sorted(blobs)} of {n} came; missing: members "
+                                  f"{sorted(set(range(n)) - set(blobs))}")
     return complete
+
+
+def _peer_name(conn):
+    try:
+        return conn.getpeername()[0]
+    except OSError:
+        return "a peer that left"
+
+
+def _refused(refused):
+    return f"; refused connections from {', '.join(sorted(refused))}: {next(iter(refused.values()))}" if refused else ""
+
+
+def _who(complete, blobs):
+    """Who came and who is missing, as complete() can tell it."""
+    who = getattr(complete, "who", None)
+    return who(blobs) if who else f"{len(blobs)} came (members {sorted(blobs)})"
