@@ -55,7 +55,8 @@ static const coll_variable_t variables[] = {
     /* the job and its rendezvous */
     V("JOB_KEY", "python", "the job's secret (16 bytes or more), the same on its ranks: names the rendezvous on "
       "a node and authenticates nodes to each other; set it for `torch.multiprocessing.spawn`-style jobs "
-      "and across nodes", "drawn per job on one node; required across nodes (not with mpi4py)"),
+      "and across nodes", "drawn per job on one node, and across nodes under torchrun (through its store); "
+      "else required across nodes (not with mpi4py)"),
     V("RENDEZVOUS_DIR", "python", "meet on a socket file in this directory instead of an abstract socket: "
       "containers sharing only a volume form one job", "unset (abstract socket)"),
     V("RANK", "launcher", "set by `hbmcoll-run` for each rank (also `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`)",

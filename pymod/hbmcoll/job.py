@@ -116,7 +116,8 @@ def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
     from . import layout
 
-    addr, base, secret = layout.meeting_point(os.environ, info.launcher)  # its errors before anything waits
+    addr, base, secret = layout.meeting_point(os.environ, info.launcher,  # its errors before anything waits
+                                              timeout or env_timeout or layout.RENDEZVOUS_S)
     return _join_nodes(info, f"{info.job_key}/node.w{generation}", _place(info), layout.node_name(os.environ),
                        secret, lambda ring: (addr, base + ring), addr, timeout, env_timeout)
 

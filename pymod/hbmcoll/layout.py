@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, nodes
+from . import _core, launcher_secret, nodes
 from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
@@ -83,17 +83,20 @@ def _first_host(nodelist):
     return m.group(1) + (m.group(2) or "") if m else None
 
 
-def meeting_point(env, launcher):
-    """(address, base port, secret) where the job's nodes meet; one clear error if not given."""
+def meeting_point(env, launcher, timeout=RENDEZVOUS_S):
+    """(address, base port, secret) where the job's nodes meet; one clear error if not given. The
+    secret: HBMCOLL_JOB_KEY, else one the job draws through torchrun's store (launcher_secret)."""
     addr = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
     if not addr and launcher == "srun":
         addr = _first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
     if not addr:
         raise ArgumentError(f"the job's ranks span several nodes ({launcher}); say where the nodes meet: set "
                             "MASTER_ADDR (or HBMCOLL_MASTER) to the address of rank 0's node on every node")
-    if not env.get("HBMCOLL_JOB_KEY"):
+    secret = env.get("HBMCOLL_JOB_KEY") or launcher_secret.from_store(env, timeout)
+    if not secret:
         raise ArgumentError("a job across nodes needs a secret its nodes share: set HBMCOLL_JOB_KEY to "
-                            "the same random string on every node (e.g. `openssl rand -hex 16`)")
+                            "the same random string on every node (e.g. `openssl rand -hex 16`); under "
+                            "torchrun the job draws one itself")
     text = env.get("HBMCOLL_PORT") or ""
     try:
         base = int(text) if text else int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else 29600
@@ -102,7 +105,7 @@ def meeting_point(env, launcher):
                             "give a TCP port number") from None
     if not 0 < base < 65536 - 256:
         raise ArgumentError(f"the nodes' base port {base} (HBMCOLL_PORT, MASTER_PORT + 1) is out of range")
-    return addr, base, env["HBMCOLL_JOB_KEY"]
+    return addr, base, secret
 
 
 def iface_to(addr):

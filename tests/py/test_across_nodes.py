@@ -16,7 +16,8 @@
 - a Horovod-style script (import hbmcoll.torch as hvd: broadcast_parameters, DistributedOptimizer,
   object collectives) across 2 x 2 ranks ends with the same weights on every rank;
 - a Horovod-style Keras script (hbmcoll.tensorflow) across 2 x 1 ranks, the same;
-- without HBMCOLL_JOB_KEY every rank stops at init with one clear error; so does every rank of
+- without HBMCOLL_JOB_KEY, torchrun's jobs draw a secret through its store, and hbmcoll-run's
+  ranks stop at init with one clear error; so does every rank of
   both nodes when one node's bridge is on loopback, on an interface that does not exist, or
   asks for a provider that is missing.
 """
@@ -105,10 +106,22 @@ def test_a_lost_node_is_peer_lost_on_the_others(two_nodes, during):
     assert "hbmcoll.SystemCallError" not in err and "hbmcoll.Error:" not in err, err[-3000:]
 
 
+def test_torchrun_needs_no_secret_of_ours(two_nodes):
+    """No HBMCOLL_JOB_KEY: the job draws its secret and passes it through torchrun's store."""
+    res = _torchrun(two_nodes, (2, 1), 29730, {"HBMCOLL_JOB_KEY": ""})
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count(" ok") == (2, 1)[i], (i, out, err[-3000:])
+
+
 def test_no_secret_is_one_clear_error(two_nodes):
-    res = _torchrun(two_nodes, 1, 29730, {"HBMCOLL_JOB_KEY": ""})
-    for rc, out, err in res:
-        assert rc != 0 and "set HBMCOLL_JOB_KEY to the same random string on every node" in err, err[-2000:]
+    """hbmcoll-run has no store to carry a secret: without HBMCOLL_JOB_KEY it says on each node what to set."""
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="")
+    procs = [two_nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                                 "--master", "10.77.0.1:29733", JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+             for i in range(2)]
+    for rc, out, err in netnodes.finish(procs, 60):
+        assert rc != 0 and "every node needs the same secret: set HBMCOLL_JOB_KEY" in err, err[-2000:]
 
 
 @pytest.mark.parametrize("bad,says", [
