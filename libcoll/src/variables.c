@@ -70,6 +70,10 @@ static const coll_variable_t variables[] = {
       "torchrun's `MASTER_ADDR`; under srun the step's first node"),
     V("PORT", "nodes", "the first TCP port of the rendezvous on that node (one per ring: `PORT + l`)",
       "`MASTER_PORT + 1`, else 29600"),
+    V("PORTS", "nodes", "every port the job listens on across nodes, `LO-HI` (at least 512): the rendezvous of "
+      "ring l at LO + l, memory servers from LO + 64, point-to-point from LO + 128, the bridge's endpoints "
+      "(libfabric tcp) from LO + 256; one range for a firewall to open", "unset: rendezvous at `HBMCOLL_PORT`, "
+      "other ports chosen by the system"),
     V("IFACE", "nodes", "the bridge's interface (libfabric's domain: `eth0`, `ib0`, `mlx5_0`)",
       "the one that reaches the rendezvous"),
     V("NODE", "nodes", "this node's name (nodes must differ)", "the hostname"),

@@ -196,3 +196,25 @@ def detect(environ=os.environ):
         key, needs_secret = "key." + env["HBMCOLL_JOB_KEY"], False
     return LaunchInfo(rank, size, lrank, lsize, f"u{os.getuid()}.{key}", launcher,
                       needs_secret and size > 1)
+
+
+# HBMCOLL_PORTS=LO-HI: every port the job listens on across nodes, in one range a firewall can open:
+# the rendezvous of ring l at LO + l, memory servers at LO + 64 + k, each rank's point-to-point
+# listener from LO + 128, the bridge's endpoints (libfabric tcp's FI_TCP_PORT_LOW_RANGE / HIGH_RANGE)
+# from LO + 256 to HI.
+PORTS_RINGS, PORTS_SERVERS, PORTS_P2P, PORTS_BRIDGE = 0, 64, 128, 256
+PORTS_MIN = 512
+
+
+def port_range(env):
+    """(lo, hi) from HBMCOLL_PORTS, or None when unset; ValueError naming the variable otherwise."""
+    text = env.get("HBMCOLL_PORTS", "").strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+    lo, hi = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not m or not 1024 <= lo < hi <= 65535 or hi - lo + 1 < PORTS_MIN:
+        raise ValueError(f"HBMCOLL_PORTS={text!r}: give a range LO-HI of at least {PORTS_MIN} ports within "
+                         "1024-65535, e.g. 30000-30999 (rings from LO, memory servers from LO+64, point-to-point "
+                         "from LO+128, the bridge's endpoints from LO+256)")
+    return lo, hi

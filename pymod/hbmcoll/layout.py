@@ -29,6 +29,7 @@ import atexit
 import fcntl
 import functools
 import json
+import os
 import re
 import socket
 import struct
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, launcher_secret, nodes
+from . import _core, launch_env, launcher_secret, nodes
 from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
@@ -99,7 +100,15 @@ def meeting_point(env, launcher, timeout=RENDEZVOUS_S):
                             "torchrun the job draws one itself")
     text = env.get("HBMCOLL_PORT") or ""
     try:
-        base = int(text) if text else int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else 29600
+        ports = launch_env.port_range(env)
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
+    if ports and text:
+        raise ArgumentError("HBMCOLL_PORTS and HBMCOLL_PORT are both set: the range's first port is the "
+                            "rendezvous' (HBMCOLL_PORTS alone, or HBMCOLL_PORT alone)")
+    try:
+        base = ports[0] + launch_env.PORTS_RINGS if ports else int(text) if text else \
+            int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else 29600
     except ValueError:
         raise ArgumentError(f"HBMCOLL_PORT={text!r} / MASTER_PORT={env.get('MASTER_PORT')!r}: "
                             "give a TCP port number") from None
@@ -220,11 +229,22 @@ def _spans(ranks):
 def open_bridge(iface, pool_bytes, local):
     """A bridge endpoint whose pool is in local's shared arena, placed as the node's segments
     are (in HBM where the node has it); where the arena has no room, a pool of its own."""
+    confine_ports(os.environ)
     try:
         pool = local.empty(pool_bytes, "uint8")
     except (Error, MemoryError, ValueError):
         pool = None
     return _core.Bridge(iface, pool_bytes, pool)
+
+
+def confine_ports(env):
+    """With HBMCOLL_PORTS, libfabric's tcp endpoints listen within the range's bridge part (read
+    by libfabric when it first loads: before any endpoint opens). A user's own FI_TCP_PORT_*
+    stands."""
+    ports = launch_env.port_range(env)
+    if ports and "FI_TCP_PORT_LOW_RANGE" not in env and "FI_TCP_PORT_HIGH_RANGE" not in env:
+        env["FI_TCP_PORT_LOW_RANGE"] = str(ports[0] + launch_env.PORTS_BRIDGE)
+        env["FI_TCP_PORT_HIGH_RANGE"] = str(ports[1])
 
 
 def _open(iface, pool_bytes, head, local):

@@ -78,6 +78,8 @@ class Server:
         self.token, self.capacity = token, capacity
         self.iface = iface or iface_to(host)
         self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
+        from .layout import confine_ports
+        confine_ports(os.environ)  # HBMCOLL_PORTS: its endpoint listens within the range
         self.ep = _core.Bridge(self.iface, pool=self.memory)
         self.data = _core.MemServe(self.ep, max_clients)
         self.free_slots = list(range(max_clients))[::-1]

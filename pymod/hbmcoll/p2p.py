@@ -85,6 +85,22 @@ def _unix_name(secret, rank):
     return "\0hbmcoll-p2p-" + hashlib.sha256(secret + b"%d" % rank).hexdigest()[:40]
 
 
+def _tcp_listener(address):
+    """A TCP socket bound at address: within HBMCOLL_PORTS' point-to-point part when it is set (the
+    first free port there), else on any port."""
+    from . import launch_env
+    ports = launch_env.port_range(os.environ)
+    tries = range(ports[0] + launch_env.PORTS_P2P, ports[0] + launch_env.PORTS_BRIDGE) if ports else [0]
+    for port in tries:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((address, port))
+            return sock
+        except OSError:
+            sock.close()
+    raise OSError(f"no free port for point-to-point in HBMCOLL_PORTS' part {tries.start}-{tries.stop - 1}")
+
+
 def listen(secret, rank):
     """rank's socket on one node, bound before the communicator's ranks meet: once they have
     met, every rank's is there to connect to (and a refused connection means a dead rank)."""
@@ -113,8 +129,7 @@ class Channels:
             self.listener = listener if listener is not None else listen(secret, comm.rank)
         else:
             self.secret = comm.bcast_object(secrets.token_bytes(32) if comm.rank == 0 else None, root=0)
-            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self.listener.bind((tcp_address, 0))
+            self.listener = _tcp_listener(tcp_address)
             self.listener.listen(socket.SOMAXCONN)
             self.addrs = comm.allgather_object((socket.AF_INET, self.listener.getsockname()))
         self.listener.setblocking(False)  # the receiving thread accepts all that wait, then selects

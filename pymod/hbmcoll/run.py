@@ -147,7 +147,8 @@ def _memservers(args, env):
     if args.nnodes == 1:
         host, ports, token = "127.0.0.1", [0] * k, secrets.token_hex(16)
     else:
-        host, base = env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 64
+        ports = launch_env.port_range(env)  # HBMCOLL_PORTS: the servers' part of the range
+        host, base = env["MASTER_ADDR"], ports[0] + launch_env.PORTS_SERVERS if ports else int(env["MASTER_PORT"]) + 64
         ports = [base + i for i in range(k)]
         token = hmac.new(env["HBMCOLL_JOB_KEY"].encode(), b"memservers", hashlib.sha256).hexdigest()
     env["HBMCOLL_TOKEN"] = token
@@ -178,6 +179,10 @@ def _nodes_env(args, parser):
     addr, _, port = args.master.rpartition(":") if ":" in args.master else (args.master, "", "29500")
     if not port.isdigit() or not 0 < int(port) < 65536 - 256:
         parser.error(f"--master {args.master!r}: the port must be a number below 65280")
+    try:
+        launch_env.port_range(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     return {"HBMCOLL_MASTER": addr, "MASTER_ADDR": addr, "MASTER_PORT": port}
 
 
