@@ -192,13 +192,19 @@ def check_card(msg):
     _fields("card", msg, (("card", _card, REQUIRED), ("reply_to", _reply_to, REQUIRED)))
 
 
-def _nonce(op, field, v):
-    ok = isinstance(v, str) and 32 <= len(v) <= 128 and len(v) % 2 == 0
+def _is_hex(v, least, most):
+    """v is a str of least..most bytes in hex."""
+    if not isinstance(v, str) or not 2 * least <= len(v) <= 2 * most or len(v) % 2:
+        return False
     try:
-        ok = ok and bytes.fromhex(v) is not None
+        bytes.fromhex(v)
     except ValueError:
-        ok = False
-    if not ok:
+        return False
+    return True
+
+
+def _nonce(op, field, v):
+    if not _is_hex(v, 16, 64):
         raise Refused(f"{op}: the {field} must be 16 to 64 bytes in hex, not {_show(v)}")
 
 
@@ -211,12 +217,7 @@ def _fields(op, msg, fields):
 
 
 def _card(op, field, v):
-    ok = isinstance(v, str) and 0 < len(v) <= 2 * MAX_CARD and len(v) % 2 == 0
-    try:
-        ok = ok and bytes.fromhex(v) is not None
-    except ValueError:
-        ok = False
-    if not ok:
+    if not _is_hex(v, 1, MAX_CARD):
         raise Refused(f"{op}: the {field} must be an endpoint's card in hex (at most {MAX_CARD} bytes), not {_show(v)}")
 
 
