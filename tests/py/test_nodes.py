@@ -75,7 +75,8 @@ def test_a_member_without_the_secret_is_refused(three_nodes):
     rc1, out1, _ = res[1]
     assert rc1 == 3 and "does not hold the job's secret" in out1, out1
     rc0, out0, _ = res[0]
-    assert rc0 == 3 and "(members [0, 2])" in out0, out0
+    assert rc0 == 3 and "members [0, 2] of 3 came; missing: members [1]" in out0, out0
+    assert "refused connections from 10.77.0.2" in out0 and "another HBMCOLL_JOB_KEY" in out0, out0
 
 
 def test_a_killed_node_is_peer_lost_everywhere(three_nodes):
