@@ -98,6 +98,18 @@ static int bridge_usable(hb_bridge_t *self) {
   return 1;
 }
 
+/* For the layer across nodes (hier.c): the ring, with the bridge marked busy until
+ * hb_bridge_give; NULL with an exception when closed, in use, or without a ring. */
+struct coll__net_ring *hb_bridge_take(PyObject *bridge) {
+  hb_bridge_t *self = (hb_bridge_t *)bridge;
+  if (!bridge_usable(self)) return NULL;
+  if (self->ring == NULL) return (struct coll__net_ring *)hb_bad_arg("the bridge has no ring yet");
+  self->busy = 1;
+  return self->ring;
+}
+
+void hb_bridge_give(PyObject *bridge) { ((hb_bridge_t *)bridge)->busy = 0; }
+
 static PyObject *bridge_describe(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (!bridge_usable(self)) return NULL;

@@ -101,6 +101,7 @@ typedef struct {
   int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
+  int pipeline_chunks;      /* HBMCOLL_PIPELINE_CHUNKS: the allreduce across nodes' chunks, 0 measured */
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;

@@ -126,9 +126,8 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     """The NodesCommunicator over this node's communicator (made here, under key): the bridge
     to the other nodes (layout.find; where_of(ring) is each ring's rendezvous, toward the address
     whose interface the bridge takes unless HBMCOLL_IFACE says)."""
-    from . import across, layout, pipeline
+    from . import across, layout
 
-    pipeline.fixed_chunks()  # a bad HBMCOLL_PIPELINE_CHUNKS: every rank's error, before anything waits
     local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
     try:
         iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)

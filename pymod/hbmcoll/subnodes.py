@@ -17,6 +17,7 @@ over): only the parent's close knows that no node still writes to them.
 """
 import numpy as np
 
+from . import _core
 from .errors import BootstrapError, Error
 from .layout import Layout, open_bridge, probe, ring
 
@@ -28,7 +29,8 @@ def split(parent, color, key):
     Communicator), or None."""
     c = -1 if color is None else int(color)
     mine = np.array([c, int(key)], dtype=np.int64)
-    every = parent._allgather(mine, np.empty((parent.size, 2), np.int64), "split")
+    every = np.empty((parent.size, 2), np.int64)
+    parent._hier.run(_core.ALLGATHER, mine, every)  # already in the parent's call order
     members = sorted((r for r in range(parent.size) if every[r, 0] == c), key=lambda r: (every[r, 1], r))
     new_rank = members.index(parent.rank) if c >= 0 else -1
     local = parent._local._split(c if c >= 0 else None, max(new_rank, 0))  # internal: not timed
@@ -47,7 +49,8 @@ def split(parent, color, key):
             block[2:2 + len(card)] = np.frombuffer(card, np.uint8)
         except (Error, ValueError, OSError):
             block[:2] = 0xFF
-    cards = parent._allgather(block, np.empty((parent.size, CARD_BLOCK), np.uint8), "split")
+    cards = np.empty((parent.size, CARD_BLOCK), np.uint8)
+    parent._hier.run(_core.ALLGATHER, block, cards)
     if c < 0:
         return None
     if not spans:
