@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "coll_internal.h"
 #include "hier.h"
@@ -116,6 +117,7 @@ int coll__hier_make(const coll__hier_config_t *cfg, coll__hier_t **h_p, char *er
 
 void coll__hier_free(coll__hier_t *h) {
   if (h == NULL) return;
+  coll__worker_end(&h->worker); /* queued requests end with COLL_EABORTED */
   for (int i = 0; i < 7; i++) free(h->scratch[i]);
   free(h->node_of), free(h->local_of), free(h->rank_at), free(h->inputs);
   free(h->block), free(h->rows), free(h->blocks);
@@ -281,10 +283,7 @@ static int hier_check(const coll__hier_t *h, const coll_args_t *a, char *err, si
   return COLL_EBADARG;
 }
 
-int coll__hier_run(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen) {
-  if (h == NULL || a == NULL) return COLL_EBADARG;
-  int rc = hier_check(h, a, err, errlen);
-  if (rc) return rc;
+static int hier_exec(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen) {
   size_t es = coll_dtype_size(a->dtype);
   switch (a->kind) {
   case COLL_BARRIER:
@@ -313,3 +312,54 @@ int coll__hier_run(coll__hier_t *h, const coll_args_t *a, char *err, size_t errl
     return COLL_EBADARG;
   }
 }
+
+void coll__hier_fail(coll__hier_t *h, int code, const char *text) {
+  int none = 0;
+  if (!atomic_compare_exchange_strong(&h->failed, &none, code)) return; /* the first failure stands */
+  snprintf(h->fail_text, sizeof h->fail_text, "%s", text && *text ? text : coll_strerror(code));
+  coll__fail(h->cfg.local, code, "%s", h->fail_text); /* the node's ranks leave their waits */
+  if (h->cfg.watch_fd >= 0) shutdown(h->cfg.watch_fd, SHUT_RDWR); /* and the other nodes' */
+}
+
+/* A call's end: a failure but a disagreement or a bad argument ends the job's communicator. */
+static int hier_settle(coll__hier_t *h, int rc, const char *err) {
+  if (rc != 0 && rc != COLL_EMISMATCH && rc != COLL_EBADARG) coll__hier_fail(h, rc, err);
+  return rc;
+}
+
+static int hier_failed(coll__hier_t *h, char *err, size_t errlen) {
+  int rc = atomic_load(&h->failed);
+  if (rc) snprintf(err, errlen, "%s", h->fail_text);
+  return rc;
+}
+
+int coll__hier_run(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen) {
+  if (h == NULL || a == NULL) return COLL_EBADARG;
+  int rc = hier_failed(h, err, errlen);
+  if (rc == 0) rc = hier_check(h, a, err, errlen);
+  if (rc) return rc;
+  return hier_settle(h, hier_exec(h, a, err, errlen), err);
+}
+
+static int hier_execute(void *owner, const coll_args_t *a) { /* on the request engine's thread */
+  coll__hier_t *h = owner;
+  char err[320] = "";
+  int rc = hier_failed(h, err, sizeof err);
+  return rc ? rc : hier_settle(h, hier_exec(h, a, err, sizeof err), err);
+}
+
+int coll__hier_start(coll__hier_t *h, const coll_args_t *a, coll_req_t **req_p, char *err, size_t errlen) {
+  if (h == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
+  int rc = hier_failed(h, err, errlen);
+  if (rc == 0) rc = hier_check(h, a, err, errlen);
+  if (rc == 0) rc = coll__worker_get(&h->worker, hier_execute, h);
+  return rc ? rc : coll__worker_queue(h->worker, a, req_p);
+}
+
+int coll__hier_failure(coll__hier_t *h, const char **text_p) {
+  int rc = atomic_load(&h->failed);
+  if (text_p) *text_p = rc ? h->fail_text : "";
+  return rc;
+}
+
+int coll__hier_pending(coll__hier_t *h) { return h ? coll__worker_pending(h->worker) : 0; }

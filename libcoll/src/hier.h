@@ -21,6 +21,7 @@
 #ifndef COLL_HIER_H
 #define COLL_HIER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,7 @@ typedef struct {
   const int *node_of;     /* [size]: each rank's node ... */
   const int *local_of;    /* ... and its local rank there (ranks of a node numbered in order) */
   double timeout_s;       /* bounds each wait for another node (<= 0: none) */
+  int watch_fd;           /* a connection to the other nodes, shut when a call fails (-1: none) */
 } coll__hier_config_t;
 
 /* Local. Returns 0 and *h_p; COLL_EBADARG (a layout that does not add up) with a sentence in
@@ -56,6 +58,17 @@ int coll__hier_rank(const coll__hier_t *h);
  * of the ring (a lost node, -ETIMEDOUT, COLL_EINTERRUPTED), after which the caller must end the
  * job's communicator. err gets a sentence for every failure. */
 int coll__hier_run(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen);
+/* The same, queued on the layer's request engine (coll_req_wait/test/free; a blocking call made
+ * while requests are queued must wait behind them: coll__hier_pending says how many there are).
+ * Any failure but COLL_EMISMATCH and COLL_EBADARG ends the job's communicator: the node's
+ * communicator fails with the reason and its text (so its ranks, and a request's waiter, read
+ * it), the watched connection is shut (the other nodes' waits end), and later calls return it. */
+int coll__hier_start(coll__hier_t *h, const coll_args_t *a, coll_req_t **req_p, char *err, size_t errlen);
+int coll__hier_pending(coll__hier_t *h);
+/* End the job's communicator from here (Ctrl-C in a waiter, an abort): code and text as above. */
+void coll__hier_fail(coll__hier_t *h, int code, const char *text);
+/* The failure that ended it (0: none) and its sentence. */
+int coll__hier_failure(coll__hier_t *h, const char **text_p);
 /* Only the meeting of coll__hier_run (for a collective composed by the caller). */
 int coll__hier_agree(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen);
 /* The path the last call took ("meeting", "sliced", "rings", "gather"), for timelines. */
@@ -64,6 +77,9 @@ const char *coll__hier_algorithm(const coll__hier_t *h);
 /* ---- between the files of the layer ---- */
 struct coll__hier {
   coll__hier_config_t cfg;
+  struct coll__worker *worker; /* the request engine (request.c), started on first use */
+  _Atomic int failed;          /* the failure that ended the job's communicator, 0 none */
+  char fail_text[320];
   int *node_of, *local_of; /* copies of the config's */
   int *rank_at;            /* [node * widest + local]: the rank there, -1 none */
   int rank, local_rank, local_size, widest;

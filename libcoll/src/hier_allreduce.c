@@ -163,10 +163,10 @@ static int hier_overlapped(hier_slices_t *s, size_t chunks, char *err, size_t er
       reqs[chunks] = NULL;
     }
   }
-  if (rc) {
+  if (rc) { /* end the job's communicator now: the queued stages end with it */
     const char *text = NULL;
-    if (coll_comm_error(local, &text) == 0) coll_comm_abort(local, rc); /* ends the queued stages */
-    else coll__hier_local_failed(s->h, rc, err, errlen);
+    if (coll_comm_error(local, &text) != 0) coll__hier_local_failed(s->h, rc, err, errlen);
+    coll__hier_fail(s->h, rc, err);
   }
   return hier_drain(reqs, chunks + 1, rc);
 }

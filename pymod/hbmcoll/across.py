@@ -9,16 +9,14 @@ calls and what a failure ends: any failure but a mismatch ends the job's communi
 rank: this node's connections close without a goodbye (the other nodes' waits end as
 PeerLostError) and the node's communicator is aborted.
 
-Calls run one at a time in call order (in_order.py): i-variants on one thread of the communicator,
+Calls run one at a time in call order, by libcoll's request engine: i-variants on its thread,
 a blocking call in the caller's thread once those before it finished.
 """
 import atexit
-import threading
 
 from . import _core
-from .comm import Communicator, _op_code
+from .comm import Communicator, Request, _op_code
 from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
-from .in_order import InOrder
 from . import timeline
 from .objects import ObjectCollectives
 from .p2p import Channels, PointToPoint
@@ -43,10 +41,9 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         ring = bridge if bridge is not None and self.nodes > 1 else None
         self._hier = _core.Hier(local._c, ring, self.node, self.nodes, layout.rings,
                                 [layout.place(r)[0] for r in range(size)],
-                                [layout.place(r)[1] for r in range(size)], self._timeout)
-        self._lock = threading.Lock()           # held while a collective runs
-        self._calls = InOrder(self._run)
-        local._c.allow_any_thread()             # this class orders the calls itself
+                                [layout.place(r)[1] for r in range(size)], self._timeout,
+                                watch.fileno() if watch is not None else -1)
+        local._c.allow_any_thread()             # the layer across nodes orders the calls itself
         if parent is None:
             atexit.register(self.close)         # the goodbye is collective: see close()
         else:
@@ -77,40 +74,34 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         """How many nodes have this local rank (Horovod's cross size)."""
         return sum(len(r) > self.local_rank for r in self._layout.nodes)
 
-    # -- running calls in order --------------------------------------------------------------
+    # -- running calls (in call order: the C layer's request engine orders them) -----------------
     def _run(self, fn):
-        """Run fn in order with the other calls; any failure but a mismatch ends the job's communicator."""
+        """Run fn; any failure but a mismatch ends the job's communicator (the C layer has ended it
+        for the nodes' ranks already; here the Python side learns it)."""
         if self._closed:
             raise ArgumentError("the communicator is closed")
         if self._failed:
             raise Error("an earlier collective across nodes failed; this communicator is finished")
-        with self._lock:
+        try:
+            watch = self._watch if self._parent is None else None  # a group's calls are not all ranks'
+            if watch is not None and watch.began() is not None:
+                raise PeerLostError(watch.why())  # a node closed before this call: it never comes
             try:
-                watch = self._watch if self._parent is None else None  # a group's calls are not all ranks'
-                if watch is not None and watch.began() is not None:
-                    raise PeerLostError(watch.why())  # a node closed before this call: it never comes
-                try:
-                    return fn()
-                except Error as e:  # a write to a node that left may fail otherwise first
-                    why = watch.why() if watch is not None and not isinstance(e, MismatchError) else None
-                    if why is None:
-                        raise
-                    raise PeerLostError(why) from None
-            except MismatchError:
-                raise
-            except BaseException as e:
-                self._failed = True
-                if self._watch is not None:
-                    self._watch.abort()
-                # the node's other ranks learn why: a lost node is theirs too
-                self._local.abort(PeerLostError if isinstance(e, PeerLostError) else None)
-                raise
-
-    def _call(self, fn):
-        return self._calls.call(fn)
-
-    def _start(self, fn, result):
-        return self._calls.start(fn, result)
+                return fn()
+            except Error as e:  # a write to a node that left may fail otherwise first
+                why = watch.why() if watch is not None and not isinstance(e, MismatchError) else None
+                if why is None:
+                    raise
+                raise PeerLostError(why) from None
+        except (MismatchError, ArgumentError, TypeError, BufferError):
+            raise  # a disagreement, or this rank's arguments (found before anything moved)
+        except BaseException as e:
+            self._failed = True
+            if self._watch is not None:
+                self._watch.abort()
+            # the node's other ranks learn why: a lost node is theirs too
+            self._local.abort(PeerLostError if isinstance(e, PeerLostError) else None)
+            raise
 
     def _allow_any_thread(self):
         """Calls come in the same order on every rank, from any thread (torch's contract)."""
@@ -122,11 +113,13 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
     _reduce_scatter_args, _alltoall_args = Communicator._reduce_scatter_args, Communicator._alltoall_args
 
     def _run_args(self, args, result):
-        self._call(lambda: self._hier.run(*args))
+        self._run(lambda: self._hier.run(*args))
         return result
 
     def _start_args(self, args, result):
-        return self._start(lambda: self._hier.run(*args), result)
+        if self._closed:
+            raise ArgumentError("the communicator is closed")
+        return Request(self._hier.start(*args), result)
 
     def barrier(self):
         """Returns once every rank of every node has called it."""
@@ -214,7 +207,8 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         """Ranks with equal color form a new communicator ordered by (key, rank), across nodes
         as well; color=None (or negative) joins none and gets None. Every rank calls it."""
         from .subnodes import split
-        sub = self._call(lambda: split(self, color, key))
+        self._hier.quiet()  # the node's communicator splits in this thread: nothing may run on it
+        sub = self._run(lambda: split(self, color, key))
         return None if sub is None else timeline.made(sub)
 
     def close(self):
@@ -228,8 +222,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         self._closed = True
         if self._p2p is not None:
             self._p2p.close()
-        self._calls.stop()
-        self._hier.close()  # before the endpoint its ring lives in
+        self._hier.close()  # after the calls started (queued ones end), before the endpoint of its ring
         if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
             self._parent._children.remove(self)
             if self._bridge is not None:
@@ -250,6 +243,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
     def abort(self):
         """Fail the communicator on every rank of every node."""
         self._failed = True
+        self._hier.fail()
         if self._watch is not None:
             self._watch.abort()
         self._local.abort()

@@ -78,7 +78,8 @@ def _recv_blob(sock, deadline, limit=BLOB_LIMIT):
 
 class Watch:
     """What a member's bridge watches for lost nodes (fileno(): one end of a socket pair that a
-    thread closes when the job can no longer go on), and how members leave.
+    thread closes when the job can no longer go on; the C layer shuts it when one of its calls
+    failed, and the thread then ends the connections too), and how members leave.
 
     Exit is a message. A member that closes says so with the number of the communicator's
     calls it made (member k to member 0, which tells every other member; member 0 tells all);
@@ -147,9 +148,15 @@ class Watch:
         held = dict.fromkeys(live, b"")
         for fd in live:
             ep.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        failed = self._theirs.fileno()  # the C layer shuts fileno()'s end when a call fails (hier.c)
+        ep.register(failed, select.EPOLLIN | select.EPOLLRDHUP)
         try:
             while live and not self._stop:
                 for fd, _ in ep.poll(0.2):
+                    if fd == failed:
+                        if not self._stop:  # this node ended the job's communicator: the others learn it
+                            self._drop()
+                        return
                     try:
                         data = live[fd].recv(4096)
                     except OSError:
