@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tools"))
 import prebuild_check  # noqa: E402  (tools/, shipped in the sdist)
 
-VERSION = "0.1.0"  # also pymod/hbmcoll/__init__.py and the pkg-config file
+VERSION = "0.1.0"  # also pymod/hbmcoll/_version.py and the pkg-config file
 HEADERS = ["libcoll/include/coll.h", "numa/include/coll_numa.h"]
 LINK = ["hwloc", "pthread", "m", "dl"]
 

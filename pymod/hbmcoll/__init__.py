@@ -15,7 +15,7 @@ from .job import init  # noqa: F401
 from .p2p import ANY_SOURCE, ANY_TAG, Status  # noqa: F401
 from .remote import RemoteBuffer  # noqa: F401
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 __all__ = ["init", "empty", "topology", "RemoteBuffer", "Communicator", "Request", "Status", "ANY_SOURCE",
            "ANY_TAG", "Error", "MismatchError",

@@ -172,7 +172,7 @@ def node_name(env):
 def _check(size):
     """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once, each
     node with a bridge endpoint the others can reach."""
-    from . import __version__
+    from ._version import __version__
     mine = {"size": size, "version": __version__, "protocol": PROTOCOL}
 
     def complete(blobs):
@@ -283,7 +283,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
         said = b""
         if local.rank == 0:
             try:
-                from . import __version__
+                from ._version import __version__
                 head = {"name": name, "ranks": ranks, "size": size, "version": __version__, "protocol": PROTOCOL}
                 bridge = _open(iface, pool_bytes, head, local)
                 card = bridge.card() if bridge is not None else b""

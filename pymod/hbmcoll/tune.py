@@ -76,7 +76,7 @@ _applied = None
 
 def host():
     """What the cache is keyed by."""
-    from . import __version__
+    from ._version import __version__
     model = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
