@@ -9,7 +9,7 @@ float16's precision. Other dtypes travel as they are.
 """
 import torch
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 
 class Compressor:

@@ -1,5 +1,5 @@
 """The torch backend's Work objects (what dist.* returns for async_op and DDP's futures) and
-the completer threads that finish them without anyone calling wait() (_torch_backend.py)."""
+the completer threads that finish them without anyone calling wait() (process_group.py)."""
 import queue
 import threading
 

@@ -15,7 +15,7 @@ the other calls raise NotSupportedError on every rank while one has joined. One 
 import numpy as np
 import torch
 
-from .errors import MismatchError, NotSupportedError
+from ..errors import MismatchError, NotSupportedError
 
 ALLREDUCE, BCAST, BARRIER, OTHER = 1, 2, 3, 4
 _NAMES = {ALLREDUCE: "allreduce", BCAST: "broadcast", BARRIER: "barrier", OTHER: "this call"}

@@ -28,8 +28,9 @@ The first worker to reach the servers writes its parameters; every worker starts
 """
 import torch
 
-from .errors import ArgumentError
-from .shared_params import SharedParameters, check_mode
+from ..errors import ArgumentError
+from ..launch.job import init as _init
+from ..memserver.param_sharing import SharedParameters, check_mode
 
 
 class ParameterSharing:
@@ -51,8 +52,7 @@ class ParameterSharing:
         self.group = group
         self._made = None  # the communicator made here for the default group: finish() closes it
         if mode == "hybrid" and self.group is None:
-            import hbmcoll
-            self._made = hbmcoll.init()
+            self._made = _init()
             self.group = getattr(self._made, "_local", self._made)  # across nodes: this node's ranks
         self.sharer = self.group is None or self.group.rank == 0  # who talks to the servers
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float32)

@@ -1,10 +1,10 @@
 """The torch backend's tensor adapters: tensors as buffers hbmcoll takes without a copy, and
 what it does not do natively (non-contiguous tensors, dtypes outside its set, bitwise and
-PREMUL_SUM reductions) made of what it does (_torch_backend.py)."""
+PREMUL_SUM reductions) made of what it does (process_group.py)."""
 import torch
 import torch.distributed as dist
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 _R = dist.ReduceOp.RedOpType
 _OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max"}

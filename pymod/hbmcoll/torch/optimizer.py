@@ -7,7 +7,7 @@ fused bucket as soon as it is final; each full bucket is started with the nonblo
 order so every rank starts the same collectives in the same order; ``step()`` waits for them,
 copies the averaged gradients back and then runs the wrapped optimizer. (When the rank may run
 on one CPU only, the bucket's allreduce runs right in the hook instead: see
-HBMCOLL_TORCH_INLINE in _torch_backend.) Each bucket's allreduce is announced to ranks that have
+HBMCOLL_TORCH_INLINE in process_group.py.) Each bucket's allreduce is announced to ranks that have
 joined (joining.py), which take part with zeros. On one node the buckets live in the
 communicator's shared arena, so their allreduce runs at hbmcoll.empty's speed, without the copy
 in and out of the staging cells (bench/optimizer_buckets.py measures it).
@@ -16,13 +16,13 @@ import contextlib
 
 import torch
 
-from ._horovod_job import Average, Sum, op_of
-from ._torch_backend import _inline_policy
+from ..errors import NotSupportedError
+from ..horovod.job import Average, Sum, op_of
+from ..horovod.process_sets import GlobalProcessSet
+from . import horovod_api as hvd
 from .compression import compressor
-from .errors import NotSupportedError
-
-_NATIVE_SET = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                         torch.int8, torch.uint8, torch.int32, torch.int64})
+from .process_group import _inline_policy
+from .tensors import _NATIVE
 
 
 ARENA_BUCKETS = True  # bench/optimizer_buckets.py turns it off for its A/B
@@ -87,7 +87,6 @@ class _DistributedOptimizer:
             if missing:
                 raise ValueError(f"named_parameters lacks {len(missing)} of the optimizer's "
                                  "parameters")
-        from . import torch as hvd
         hvd.init()
         self._hb_comm = hvd._c() if process_set is None else process_set._comm()
         self._hb_joiner = hvd._joiner
@@ -111,7 +110,7 @@ class _DistributedOptimizer:
         if cur:
             buckets.append(_Bucket(cur, cur_dtype, self._hb_comm))
         for b in buckets:
-            if b.flat.dtype not in _NATIVE_SET:
+            if b.flat.dtype not in _NATIVE:
                 raise TypeError(f"hbmcoll: gradients of dtype {b.flat.dtype} are not supported")
         self._hb_buckets = buckets
         self._hb_where = {}
@@ -236,7 +235,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     accumulate locally before one allreduce; with process_set= (a ProcessSet), over its ranks.
     The result is an instance of a subclass of the optimizer's class that shares the
     optimizer's parameter groups and state."""
-    from .process_sets import GlobalProcessSet
     if isinstance(process_set, GlobalProcessSet):
         process_set = None
     for name, value in horovod.items():

@@ -11,6 +11,8 @@ variance of the global batch, as torch's do.
 """
 import torch
 
+from . import horovod_api as hvd
+
 
 class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     """torch.nn.BatchNorm*d whose training statistics are the whole batch's across the ranks
@@ -22,7 +24,6 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"SyncBatchNorm expects (N, C, ...) input, got {x.dim()} dimensions")
 
     def forward(self, x):
-        from . import torch as hvd
         self._check_input_dim(x)
         if not self.training:  # evaluation never synchronises (one rank may evaluate alone)
             return super().forward(x)

@@ -23,10 +23,10 @@ import logging
 import torch
 import torch.distributed as dist
 
-from . import log
-from ._torch_backend import ProcessGroupHbmcoll, env_switch
-from ._torch_tensors import _NATIVE
-from .errors import ArgumentError
+from .. import log
+from ..errors import ArgumentError
+from .process_group import ProcessGroupHbmcoll, env_switch
+from .tensors import _NATIVE
 
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")  # torch >= 2.4
 _in_arena = {}  # data_ptr of a storage moved into an arena -> id of that arena's communicator

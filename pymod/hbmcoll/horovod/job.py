@@ -1,7 +1,7 @@
 """What hbmcoll.torch and hbmcoll.tensorflow share of Horovod's API: the op names, their
 check, and the job functions (init, shutdown, rank, size, barrier, ...) over one hbmcoll
 communicator; each module makes one Job and exports its bound methods under Horovod's names."""
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 # Horovod's op names (hbmcoll's op strings)
 Average, Sum, Min, Max, Product = "avg", "sum", "min", "max", "prod"

@@ -1,14 +1,10 @@
-"""hbmcoll for PyTorch (CPU tensors).
+"""Horovod's functions for torch tensors (hbmcoll.torch exports them): the job (init, rank, size,
+...), allreduce and its async and grouped forms, allgather, alltoall, reducescatter, broadcast,
+the object and parameter broadcasts, barrier and join, each over the job's communicator or the
+call's process set.
 
-Importing this module registers the torch.distributed backend ``"hbmcoll"``:
-
-    import hbmcoll.torch
-    import torch.distributed as dist
-    dist.init_process_group("hbmcoll")          # under hbmcoll-run, torchrun or mp.spawn
-    model = torch.nn.parallel.DistributedDataParallel(model)
-
-It also gives Horovod's functions, so a Horovod script switches by changing its import
-(``import hbmcoll.torch as hvd``) and needs no torch.distributed at all:
+A Horovod script switches by changing its import (``import hbmcoll.torch as hvd``) and needs no
+torch.distributed at all:
 
     hvd.init()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -16,9 +12,8 @@ It also gives Horovod's functions, so a Horovod script switches by changing its 
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ... loss.backward(); opt.step()
 
-DistributedOptimizer (_torch_optimizer.py) allreduces the gradients in fused buckets while the
-backward pass is still running. grouped_allreduce, alltoall and reducescatter are Horovod's
-too, and join() lets ranks with less data finish first (joining.py): every hvd collective is
+DistributedOptimizer (optimizer.py) and SyncBatchNorm (sync_batch_norm.py) are built on these
+functions. join() lets ranks with less data finish first (joining.py): every hvd collective is
 announced to the ranks that have joined, which take part with neutral data.
 """
 import io
@@ -27,30 +22,16 @@ import numpy as _np
 import torch
 import torch.distributed as dist
 
-from . import _horovod_job
-from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
-from . import job as _job_mod
-from .compression import Compression, compressor  # noqa: F401 (Horovod's name)
-from .errors import ArgumentError
+from ..errors import ArgumentError
+from ..horovod import job as _horovod_job
+from ..horovod import process_sets as _ps
+from ..horovod.job import Average, Sum
+from ..horovod.process_sets import ProcessSet, entered, taking_process_set
+from ..launch import job as _job_mod
+from .compression import compressor
 from .joining import ALLREDUCE, BARRIER, BCAST, OTHER, Joiner
-from . import process_sets as _ps
-from .process_sets import ProcessSet, entered, taking_process_set
-from .sharing import ParameterSharing  # noqa: F401 (memory servers: async and hybrid sharing)
-from ._torch_backend import (BACKEND, ProcessGroupHbmcoll, Work, _inline_policy,  # noqa: F401
-                             _RedPlan, communicator, register)
-from ._torch_ddp import allreduce_hook  # noqa: F401 (DDP's comm hook)
-from ._torch_optimizer import _NATIVE_SET, DistributedOptimizer  # noqa: F401 (Horovod's name)
-from ._torch_syncbn import SyncBatchNorm  # noqa: F401 (Horovod's name)
-
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
-           "grouped_allreduce", "alltoall", "reducescatter", "ProcessSet", "global_process_set",
-           "add_process_set", "remove_process_set", "SyncBatchNorm",
-           "broadcast", "broadcast_", "broadcast_async_", "synchronize", "poll",
-           "broadcast_object", "allgather_object", "broadcast_parameters",
-           "broadcast_optimizer_state", "DistributedOptimizer", "barrier", "join",
-           "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
-           "BACKEND", "ProcessGroupHbmcoll", "Work", "communicator", "register", "allreduce_hook"]
+from .process_group import ProcessGroupHbmcoll
+from .tensors import _NATIVE, _RedPlan
 
 _REDOP = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
           "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
@@ -257,7 +238,7 @@ def _allgather(t):
     n0 = torch.tensor([t.shape[0]], dtype=torch.int64)
     firsts = c.allgather(n0).reshape(-1).tolist()
     src = t.contiguous()
-    if src.dtype not in _NATIVE_SET:
+    if src.dtype not in _NATIVE:
         src = src.reshape(-1).view(torch.uint8).reshape(src.shape[0], -1)
     m = max(firsts)
     if m != src.shape[0]:
@@ -417,7 +398,7 @@ def broadcast_async_(tensor, root_rank, name=None):
     _check_cpu(tensor, "broadcast")
     t = tensor.detach()
     buf = t if t.is_contiguous() else t.contiguous()
-    mv = buf if buf.dtype in _NATIVE_SET else buf.reshape(-1).view(torch.uint8)
+    mv = buf if buf.dtype in _NATIVE else buf.reshape(-1).view(torch.uint8)
     c = _c()
     root = _root(root_rank)
     _joiner.header(c, BCAST, mv.reshape(-1), root=root)

@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from .errors import ArgumentError, MismatchError
+from ..errors import ArgumentError, MismatchError
 
 current = contextvars.ContextVar("hbmcoll_process_set", default=None)
 
