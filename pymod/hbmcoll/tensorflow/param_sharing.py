@@ -4,8 +4,8 @@ hbmcoll.tensorflow.callbacks.ParameterSharingCallback.
     model.fit(x, y, callbacks=[hbmcoll.tensorflow.callbacks.ParameterSharingCallback(mode="async")])
 
 After every batch the worker pushes the change its optimizer made to the shared parameters (an
-accumulate on the servers) and pulls everyone's back (shared_params.py), with no barrier among
-workers; staleness=s bounds how far ahead of the slowest worker one may run. hybrid: the group
+accumulate on the servers) and pulls everyone's back (hbmcoll/memserver/param_sharing.py), with no
+barrier among workers; staleness=s bounds how far ahead of the slowest worker one may run. hybrid: the group
 (group=, by default hbmcoll.init()'s communicator) averages its gradients first, through
 hbmcoll.tensorflow.DistributedOptimizer around the model's optimizer, and only its rank 0 talks
 to the servers, broadcasting what it pulled to the group. All of the model's weights are shared
@@ -13,7 +13,8 @@ to the servers, broadcasting what it pulled to the group. All of the model's wei
 """
 import numpy as np
 
-from .shared_params import SharedParameters, check_mode
+from ..launch.job import init as _init
+from ..memserver.param_sharing import SharedParameters, check_mode
 
 
 def callback_class(keras):
@@ -42,8 +43,7 @@ def callback_class(keras):
 
         def on_train_begin(self, logs=None):
             if self.mode == "hybrid" and self.group is None:
-                import hbmcoll
-                self.group = hbmcoll.init()
+                self.group = _init()
             flat = self._flat()
             if self.group is None or self.group.rank == 0:  # who talks to the servers
                 self.shared = SharedParameters(len(flat), **self.opened)

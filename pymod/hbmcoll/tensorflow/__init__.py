@@ -28,10 +28,10 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from . import _horovod_job
-from ._horovod_job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
-from . import job as _job_mod
-from .errors import ArgumentError, NotSupportedError
+from ..errors import ArgumentError, NotSupportedError
+from ..horovod import job as _horovod_job
+from ..horovod.job import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
+from ..launch import job as _job_mod
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "allreduce", "grouped_allreduce", "allgather", "alltoall", "reducescatter", "broadcast",
@@ -527,8 +527,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 def _make_callbacks():
     import keras
 
-    from . import tf_callbacks
-    return tf_callbacks.module(keras, sys.modules[__name__])
+    from . import keras_callbacks
+    return keras_callbacks.module(keras, sys.modules[__name__])
 
 
 class _LazyCallbacks(types.ModuleType):

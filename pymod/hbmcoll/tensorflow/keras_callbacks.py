@@ -7,7 +7,7 @@ import types
 
 import numpy as np
 
-from .errors import NotSupportedError
+from ..errors import NotSupportedError
 
 
 def module(keras, hvd):
@@ -53,7 +53,7 @@ def module(keras, hvd):
     mod.BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
     mod.MetricAverageCallback = MetricAverageCallback
     mod.LearningRateScheduleCallback, mod.LearningRateWarmupCallback = _lr_callbacks(keras, hvd)
-    from .tf_sharing import callback_class
+    from .param_sharing import callback_class
     mod.ParameterSharingCallback = callback_class(keras)  # memory servers: async and hybrid sharing
     return mod
 
