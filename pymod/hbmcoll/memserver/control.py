@@ -1,4 +1,4 @@
-"""The memory server's control connections (memserver.py drives them from its one loop).
+"""The memory server's control connections (server.py drives them from its one loop).
 
 Nothing here blocks. A connection's bytes in and out are buffered, and the loop hands each the
 bytes its socket has: a message cut anywhere (a trickled length, half a body) waits in its inbox,
@@ -19,7 +19,7 @@ import secrets
 import socket
 import struct
 
-from .memproto import DTYPES, HANDSHAKE_S, MAX_LEASE_S, MAX_MSG, lease_ok
+from .protocol import DTYPES, HANDSHAKE_S, MAX_LEASE_S, MAX_MSG, lease_ok
 
 # a connection: its hello (the token's proof), then, proven, its card; then a client (or closing)
 HELLO, PROVEN, CLIENT, CLOSING = "hello", "proven", "client", "closing"

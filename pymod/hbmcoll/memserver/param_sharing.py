@@ -1,14 +1,15 @@
 """The framework-free part of parameter sharing through memory servers (ShmCaffe's modes): one
 float32 buffer of a model's parameters on the servers, its first contents, the push of a worker's
 change and the pull of everyone's, and the step counters behind a staleness bound. The torch
-helper (sharing.py) and the Keras callback (tf_sharing.py) sit on it.
+helper (hbmcoll/torch/param_sharing.py) and the Keras callback (hbmcoll/tensorflow/param_sharing.py)
+sit on it.
 """
 import time
 
 import numpy as np
 
-from .errors import ArgumentError, TimeoutError
-from .remote import RemoteBuffer
+from ..errors import ArgumentError, TimeoutError
+from .client import RemoteBuffer
 
 MAX_WORKERS = (1 << 10) - 1  # step counters: slot 0 says how many slots were taken
 

@@ -1,4 +1,4 @@
-"""The memory servers' protocol (memserver.py serves it, remote.py speaks it): the control
+"""The memory servers' protocol (server.py serves it, client.py speaks it): the control
 messages over TCP (length-prefixed JSON, the token's proof) and the data requests' head.
 
 A data request is written one-sided into a half of the client's request slot in the server's
@@ -33,7 +33,7 @@ import math
 import os
 import struct
 
-from .job_secret import shared_file_problem
+from ..launch.job_secret import shared_file_problem
 
 # magic, op | flags | dtype << 16, buffer id, offset, length, alpha, number, fencing token, write id
 HEAD = struct.Struct("<IIQQQdQQQ")

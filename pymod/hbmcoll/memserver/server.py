@@ -18,7 +18,7 @@ grant carries a fencing token, increasing per buffer, which the data path checks
 made under the lock: a holder that lost its lock writes nothing). `open` answers with this
 server's instance id, new at every start, so a client tells a restarted server from a
 reconnection and never reads a new buffer for its old one.
-No connection can stall or kill the server (memserver_control.py): the handshakes and control
+No connection can stall or kill the server (control.py): the handshakes and control
 messages are read and answered without blocking, in pieces as they come, a handshake has a
 deadline, every message a size limit and a check of its fields, and a bad sender is sent the
 reason and dropped alone.
@@ -29,7 +29,7 @@ note naming it; the server applies it (write: copy; accumulate: y += alpha * x; 
 the buffer's bytes behind its version) and answers by writing into the client's pool with a
 note carrying the request's number and status. The server alone touches the buffers, one
 request at a time; a write cut in chunks is gathered aside and applied whole at its last
-chunk, so no read sees it half done or waits for it (memproto.py: the guarantees). Every
+chunk, so no read sees it half done or waits for it (protocol.py: the guarantees). Every
 request is checked against its buffer's bounds and dtype. This loop hands over to the
 control path whenever a socket stirs, and every 10 ms (lock leases, handshake
 deadlines, SIGTERM).
@@ -48,8 +48,8 @@ import time
 
 import numpy as np
 
-from .memproto import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
-from .memserver_control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
+from .protocol import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
+from .control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
 
 MAX_HANDSHAKES = 64  # connections proving the token at once; past it, the longest waiting goes
 
@@ -73,18 +73,18 @@ class Client:
 
 class Server:
     def __init__(self, host, port, token, capacity, iface=None, max_clients=64, memory="auto"):
-        from . import _core
-        from .layout import iface_to
+        from .. import _core
+        from ..layout import iface_to
         self.token, self.capacity = token, capacity
         self.iface = iface or iface_to(host)
         self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
-        from .layout import confine_ports
+        from ..layout import confine_ports
         confine_ports(os.environ)  # HBMCOLL_PORTS: its endpoint listens within the range
         self.ep = _core.Bridge(self.iface, pool=self.memory)
         self.data = _core.MemServe(self.ep, max_clients)
         self.free_slots = list(range(max_clients))[::-1]
         self.clients, self.buffers, self.by_name = {}, {}, {}
-        self.conns = {}  # every control connection (memserver_control.Conn), oldest first
+        self.conns = {}  # every control connection (control.Conn), oldest first
         self.used = 0
         self.listener = socket.create_server((host, port), reuse_port=False)
         self.listener.setblocking(False)
@@ -319,7 +319,7 @@ def placed_pool(memory, nbytes):
     """(where, the pool's memory): nbytes placed as this node's plan says (numa/: HBM through
     memkind or mbind where the node has it, DDR else), or in DDR (memory "ddr"); "hbm" refuses
     a node without HBM. where: one phrase, e.g. "in HBM (node 4)", with the plan's notice."""
-    from . import _core
+    from .. import _core
     if memory == "ddr":
         os.environ["HBMCOLL_MEMORY"] = "ddr"
     elif memory == "hbm" and os.environ.get("HBMCOLL_MEMORY", "auto") in ("auto", "ddr"):

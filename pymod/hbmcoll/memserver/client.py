@@ -1,4 +1,4 @@
-"""hbmcoll.RemoteBuffer: a named buffer on memory servers (hbmcoll-memserver, memserver.py).
+"""hbmcoll.RemoteBuffer: a named buffer on memory servers (hbmcoll-memserver, server.py).
 
     rb = hbmcoll.RemoteBuffer("weights", (1024, 1024), "float32")   # servers, token: from the env
     rb.write(a); rb.accumulate(g, alpha=-0.01); a = rb.read(); rb.version
@@ -11,14 +11,14 @@ proves the token, and a bridge endpoint (libfabric) whose pool stages the reques
 replies. NumPy arrays, torch CPU tensors and hbmcoll.empty arrays go in as they are; their
 bytes are copied once into the pool (the endpoint's registered memory).
 
-A read never mixes two writes (memproto.py has the protocol's guarantees): a server applies a
+A read never mixes two writes (protocol.py has the protocol's guarantees): a server applies a
 write whole, chunks and all, and a read never waits for a writer stopped half way (the server
 drops its chunks past a deadline). A striped buffer's writes hold its lock, every part carries
 the write's id, and a read is whole when every part holds the same write id (accumulates land
 part by part and leave it alone). Writes and accumulates carry their dtype, which must be the
 buffer's. A write made under rb.lock() carries the lock's fencing token: once the lease ran out
 the server refuses it (hbmcoll.Error, "the lock's lease ran out") and writes nothing. Writes
-without the lock stay allowed. Every reply is awaited for timeout= (memproto.DATA_TIMEOUT_S
+without the lock stay allowed. Every reply is awaited for timeout= (protocol.DATA_TIMEOUT_S
 unless given). A connection that failed is dropped and made again at the next call; a buffer
 whose server restarted meanwhile is gone with it (PeerLostError), never read from the new one.
 """
@@ -32,10 +32,10 @@ import time
 
 import numpy as np
 
-from . import memproto as ms
-from .comm import _is_numpy
-from .errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
-from .in_order import InOrder
+from ..comm import _is_numpy
+from ..errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
+from ..in_order import InOrder
+from . import protocol as ms
 
 _connections = {}
 _connections_lock = threading.Lock()
@@ -81,8 +81,8 @@ class _Connection:
     """This process's connection to one memory server."""
 
     def __init__(self, addr, token, timeout):
-        from . import _core
-        from .layout import iface_to
+        from .. import _core
+        from ..layout import iface_to
         host, _, port = addr.rpartition(":")
         self.addr, self.timeout, self.dead = addr, timeout, False
         self.token = token
@@ -169,7 +169,7 @@ class _Connection:
     def request(self, op, bid, off, length, src=None, alpha=0.0, flags=ms.FIRST | ms.LAST, dst=None, dtype=0,
                 fence=0, wid=0):
         """One request; its reply's (version, the last write's id). src: bytes to send; dst:
-        where a read's land; dtype: the code of src's dtype (memproto.dtype_code)."""
+        where a read's land; dtype: the code of src's dtype (protocol.dtype_code)."""
         return self.run([(op, bid, off, length, flags | dtype << 16, src, dst, alpha, fence, wid)])
 
     def run(self, requests, allow=(ms.OK,)):
@@ -347,7 +347,7 @@ class RemoteBuffer:
     def _write_whole(self, raw):
         """A write; striped, under the buffer's lock (reentrant, for a holder of rb.lock()): each
         part is staged with the write's id, then part 0 is committed (the write's moment,
-        fenced), then the others (a reader of them commits it too, memproto.py)."""
+        fenced), then the others (a reader of them commits it too, protocol.py)."""
         parts, wid = self._live(), _wid()
         if len(parts) == 1:
             return parts[0][0].run(self._chunks(ms.WRITE, raw, parts[0], fence=self._fence(), wid=wid))
@@ -447,7 +447,7 @@ class RemoteBuffer:
 
     def lock(self, timeout=None, lease=None):
         """with rb.lock(timeout=5): ... -- the buffer's lock (on its first server), held for a lease
-        (default memproto.LEASE_S): a holder that dies or overruns it loses it, and its writes
+        (default protocol.LEASE_S): a holder that dies or overruns it loses it, and its writes
         are refused from then on (fencing)."""
         return _Lock(self, timeout, lease)
 
