@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, launch_env, launcher_secret, nodes
+from . import _core, nodes
+from .launch import env as launch_env
+from .launch import launcher_secret
 from .errors import ArgumentError, BootstrapError, Error, TimeoutError
 
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's

@@ -13,12 +13,13 @@ import socket
 import sys
 import threading
 
-from . import _core
+from .. import _core
+from .. import log, timeline
+from ..comm import meet
+from ..errors import ArgumentError
+from ..tools import tune_cache
+from . import env as launch_env
 from . import job_secret
-from . import launch_env
-from . import log, timeline
-from .comm import meet
-from .errors import ArgumentError
 
 _init_count = 0
 _init_lock = threading.Lock()
@@ -27,7 +28,7 @@ _init_lock = threading.Lock()
 def _place(info):
     """Pin this process and plan its buffers (numa/ layer); print the one
     notice line (no HBM, mbind refused, ...) once per job, from local rank 0."""
-    from . import topo
+    from ..tools import topo
 
     placement = topo.setup(info.local_rank, info.local_size)
     if info.local_rank == 0 and placement.notice and not os.environ.get("HBMCOLL_QUIET"):
@@ -77,10 +78,7 @@ def init(comm=None, timeout=None):
     HBMCOLL_TIMEOUT, else no limit). HBMCOLL_LOG and HBMCOLL_TIMELINE apply from here.
     """
     log.level()  # a bad HBMCOLL_LOG: every rank's error, before anything waits
-    # this host's measured thresholds, where the environment sets none (imported here: a
-    # module-level import would make `python -m hbmcoll.tune` warn that it ran it twice)
-    from . import tune
-    tune.apply()
+    tune_cache.apply()  # this host's measured thresholds, where the environment sets none
     return timeline.made(_init(comm, timeout))
 
 
@@ -114,7 +112,7 @@ def _init(comm, timeout):
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
-    from . import layout
+    from .. import layout
 
     addr, base, secret = layout.meeting_point(os.environ, info.launcher,  # its errors before anything waits
                                               timeout or env_timeout or layout.RENDEZVOUS_S)
@@ -126,7 +124,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     """The NodesCommunicator over this node's communicator (made here, under key): the bridge
     to the other nodes (layout.find; where_of(ring) is each ring's rendezvous, toward the address
     whose interface the bridge takes unless HBMCOLL_IFACE says)."""
-    from . import across, layout, pipeline
+    from .. import across, layout, pipeline
 
     pipeline.fixed_chunks()  # a bad HBMCOLL_PIPELINE_CHUNKS: every rank's error, before anything waits
     local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
@@ -149,7 +147,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
-    from . import layout
+    from .. import layout
 
     names = mpi_comm.allgather(layout.node_name(os.environ))
     if len(set(names)) > 1:
@@ -165,7 +163,7 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
     swap small values (swap(v): every rank's v, by rank; MPI, a torch Store): the nodes meet as
     under a launcher, at rendezvous that node 0's ring carriers open on ports of their choosing,
     told to everyone by swap with the job's secret."""
-    from . import layout
+    from .. import layout
 
     here = [r for r in range(size) if names[r] == names[rank]]
     local_rank, local_size = here.index(rank), len(here)

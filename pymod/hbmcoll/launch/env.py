@@ -1,6 +1,6 @@
 """Who am I in this job? Rank, size, locality and a job key from the launcher's environment.
 
-Pure standard library and no import of the C extension, so the launcher (hbmcoll.run), tests and
+Pure standard library and no import of the C extension, so the launcher (launch/run.py), tests and
 child processes can load this file on its own.
 
 Launchers are tried from the closest wrapper outwards: our own hbmcoll-run, torchrun, MPICH hydra /
@@ -29,11 +29,11 @@ import re
 from dataclasses import dataclass
 
 try:
-    from .errors import ArgumentError
-except ImportError:  # this file runs by path too (hbmcoll-run): its sibling, by path
+    from ..errors import ArgumentError
+except ImportError:  # this file runs by path too (hbmcoll-run): the package's errors.py, by path
     import importlib.util as _util
     _spec = _util.spec_from_file_location(
-        "_hbmcoll_errors", os.path.join(os.path.dirname(os.path.abspath(__file__)), "errors.py"))
+        "_hbmcoll_errors", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "errors.py"))
     _errors = _util.module_from_spec(_spec)
     _spec.loader.exec_module(_errors)
     ArgumentError = _errors.ArgumentError

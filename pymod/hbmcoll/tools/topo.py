@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from . import _core
+from .. import _core
 
 _placement = None  # this process's Placement, once init() made one
 
@@ -30,11 +30,11 @@ def topology(ranks=None):
     """Dict: memory_mode, cluster_mode, hbm_nodes, ranks (the plan), notices.
     After init() it describes what this job applied; before, a plan for
     `ranks` ranks (default one per core) on this machine."""
-    from . import tune
-    doc = tune.load()
+    from . import tune_cache
+    doc = tune_cache.load()
     got = json.loads(_placement.report(True)) if _placement is not None and ranks is None else \
         json.loads(_core.numa_report(None, ranks or 0, None, None, True))
-    got["tuned"] = {"file": tune.cache_path(), "when": doc["when"], "choice": doc["choice"]} if doc else None
+    got["tuned"] = {"file": tune_cache.cache_path(), "when": doc["when"], "choice": doc["choice"]} if doc else None
     return got
 
 

@@ -11,9 +11,9 @@ import sys
 
 def suite_paths():
     """Where the suite may be: installed beside this file, or in the checkout around it."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, "_bench", "suite.py"),
-            os.path.join(os.path.dirname(os.path.dirname(here)), "bench", "suite.py")]
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hbmcoll/, above tools/
+    return [os.path.join(pkg, "_bench", "suite.py"),
+            os.path.join(os.path.dirname(os.path.dirname(pkg)), "bench", "suite.py")]
 
 
 def main():

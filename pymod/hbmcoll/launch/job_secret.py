@@ -23,8 +23,8 @@ import stat
 import sys
 import time
 
-from . import errors
-from .errors import BootstrapError
+from .. import errors
+from ..errors import BootstrapError
 
 _POLL_S = 0.01
 _WARN_S = 60.0

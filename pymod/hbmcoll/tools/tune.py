@@ -36,24 +36,16 @@ not set (an explicit HBMCOLL_* always wins), and says so at HBMCOLL_LOG=info.
 HBMCOLL_TUNE=off ignores it. `python -m hbmcoll` and hbmcoll.topology()["tuned"] show it.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
-              "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
-              "HBMCOLL_CMA_MIN": ["64K", "128K", "256K", "512K", "1M"],
-              "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
-              "HBMCOLL_REP_MOVSB_MIN": ["auto", "off", "256K", "1M"],
-              "HBMCOLL_STREAM_MIN": ["auto", "1M", "4M", "16M"],
-              "HBMCOLL_PUSH_MIN": ["auto", "256K", "1M", "4M"],
-              "HBMCOLL_PUSH_STREAM_MIN": ["auto", "1M", "4M", "16M"]}
+from .tune_cache import CANDIDATES, apply, cache_path, host, load  # noqa: F401 (this module's names before the split)
+
 DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_CMA_MIN": "256K",
             "HBMCOLL_SLOT_BYTES": "256K",
             "HBMCOLL_REP_MOVSB_MIN": "auto",
@@ -71,51 +63,6 @@ CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 3
          "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
 CMA_COLLS = {"0": (), "gather": ("gather",), "bcast": ("bcast",), "1": ("bcast", "gather")}
 NOISE = 1.05
-_applied = None
-
-
-def host():
-    """What the cache is keyed by."""
-    from ._version import __version__
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(), "hbmcoll": __version__}
-
-
-def cache_path():
-    if os.environ.get("HBMCOLL_TUNE_FILE"):
-        return os.environ["HBMCOLL_TUNE_FILE"]
-    key = hashlib.sha256(json.dumps(host(), sort_keys=True).encode()).hexdigest()[:16]
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "hbmcoll", f"tuned-{key}.json")
-
-
-def load():
-    """The cache of this host, or None (none, HBMCOLL_TUNE=off, or another host's)."""
-    if os.environ.get("HBMCOLL_TUNE", "").lower() in ("off", "0", "no"):
-        return None
-    try:
-        with open(cache_path()) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return doc if doc.get("host") == host() else None
-
-
-def apply():
-    """Once per process, before a communicator is made: the cached choices become the defaults
-    of the variables the environment leaves unset. Returns what was applied ({} for none)."""
-    global _applied
-    if _applied is None:
-        doc = load() or {}
-        _applied = {k: v for k, v in doc.get("choice", {}).items() if k in CANDIDATES and k not in os.environ}
-        os.environ.update(_applied)
-        _applied = dict(_applied, _file=cache_path(), _when=doc.get("when")) if _applied else {}
-    return _applied
 
 
 ROTATE = 8   # buffers taken in turn, as the suite does: a message is rarely in cache twice running
@@ -126,12 +73,12 @@ def _time(comm, coll, nbytes, rounds):
     """The slowest rank's time of one call (best of `rounds`); "allreduce-arena": in place on
     hbmcoll.empty buffers, as the suite's empty variant."""
     import numpy as np
-    import hbmcoll
+    from ..comm import empty
     count = max(nbytes // 4, 1)
     rows = comm.size if coll == "gather" and comm.rank == 0 else 1 if coll == "allreduce" else 0
     rotate = max(2, min(ROTATE, ROTATE_BYTES // (count * 4 * (1 + rows))))
     if coll == "allreduce-arena":
-        xs = [hbmcoll.empty(count, "float32", comm=comm) for _ in range(rotate)]
+        xs = [empty(count, "float32", comm=comm) for _ in range(rotate)]
         for x in xs:
             x[:] = 1
     else:
@@ -155,7 +102,7 @@ def _time(comm, coll, nbytes, rounds):
 
 
 def _worker(rounds):
-    import hbmcoll
+    from ..launch.job import init
     got = {}
     for var, values in CANDIDATES.items():
         colls, sizes = CASES[var]
@@ -165,7 +112,7 @@ def _worker(rounds):
                 continue
         for value in values:
             os.environ[var] = value
-            comm = hbmcoll.init()
+            comm = init()
             got[f"{var}={value}"] = {f"{c} {z}": _time(comm, c, z, rounds) for c in colls for z in sizes}
             if var == "HBMCOLL_CMA":
                 got[f"{var}={value}"]["works"] = bool(comm.single_copy)
@@ -266,7 +213,7 @@ def main(argv=None):
     # holds 8 buffers of 16 MiB a rank) would skew or fail the measurement
     for var in (*CANDIDATES, "HBMCOLL_ALGO", "HBMCOLL_ARENA_BYTES"):
         env.pop(var, None)
-    p = subprocess.run([sys.executable, "-m", "hbmcoll.run", "-n", str(a.ranks), sys.executable, "-m", "hbmcoll.tune",
+    p = subprocess.run([sys.executable, "-m", "hbmcoll.launch.run", "-n", str(a.ranks), sys.executable, "-m", "hbmcoll.tools.tune",
                         "--worker", "--rounds", str(a.rounds)], env=env, capture_output=True, text=True, timeout=900)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("TUNED ")), None)
     if p.returncode or line is None:

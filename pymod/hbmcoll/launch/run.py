@@ -55,7 +55,7 @@ def _sibling(name):
     return mod
 
 
-launch_env = _sibling("launch_env")
+launch_env = _sibling("env")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 VALUE_OPTS = {"-n", "--np", "--nproc-per-node", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
               "--memservers", "--memserver-capacity"}
@@ -155,7 +155,7 @@ def _memservers(args, env):
     if args.nnodes > 1 and args.node_rank != 0:
         env["HBMCOLL_MEMSERVERS"] = ",".join(f"{host}:{p}" for p in ports)
         return None
-    from .memserver import start_beside
+    from ..memserver.server import start_beside
     _, env["HBMCOLL_MEMSERVERS"], stop = start_beside(k, host, ports, token, args.memserver_capacity)
     return stop
 
