@@ -1,9 +1,9 @@
 """Joining the job: hbmcoll.init().
 
-From the launcher's environment (hbmcoll-run, torchrun, mpiexec, srun; launch_env.py): the ranks
+From the launcher's environment (hbmcoll-run, torchrun, mpiexec, srun; env.py): the ranks
 of one node form a Communicator over shared memory; ranks on several nodes form a
 NodesCommunicator (across.py) over the node's Communicator and the bridge (layout.py). From an
-mpi4py communicator (or a torch Store, _torch_backend.py), ranks that know each other's node
+mpi4py communicator (or a torch Store, hbmcoll/torch/backend.py), ranks that know each other's node
 names meet the same way (_init_by_names). Each rank is pinned and its buffers planned first
 (_place), and its compute threads follow its share of the cores.
 """

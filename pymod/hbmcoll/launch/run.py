@@ -9,7 +9,7 @@ of node 0) and the node's own --node-rank, and the same HBMCOLL_JOB_KEY in every
 environment: node R's ranks are R*N .. R*N+N-1, and the nodes meet at ADDR (port PORT + 1,
 PORT defaulting to 29500 and left to torch's store), as under torchrun.
 
-Each rank gets HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/JOB_KEY (read by hbmcoll.launch_env) and
+Each rank gets HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/JOB_KEY (read by hbmcoll.launch.env) and
 torch's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, so torch scripts
 run unchanged. When a rank fails (non-zero exit or a signal) the others get SIGTERM, then SIGKILL
 after HBMCOLL_KILL_GRACE seconds (default 5); the launcher exits with the first failing rank's code
