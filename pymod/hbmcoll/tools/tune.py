@@ -1,22 +1,23 @@
 """`python -m hbmcoll.tune`: choose this host's thresholds from measurements made here, and
 cache them for every later job on the host.
 
-    python -m hbmcoll.tune [--ranks 2] [--rounds 3]   # about 7 s here; writes the cache
+    python -m hbmcoll.tune [--ranks 2] [--rounds 3]   # a few seconds; writes the cache
     python -m hbmcoll.tune --show                      # what the cache says, and where it is
 
-A threshold tuned on one machine is wrong on the next (the eager bcast that wins below 64 KiB
-on one Xeon VM loses above 16 KiB on an EPYC one). For each candidate value the ranks make a
+A threshold tuned on one machine is wrong on the next: the same eager bcast wins up to one size
+on one CPU and loses well below it on another (bench/README.md, "Measurements behind the code",
+has the hosts and the numbers behind every remark here). For each candidate value the ranks make a
 communicator with it and time bcast, gather and allreduce of NumPy buffers around the sizes it
 decides (the slowest rank's time, best of --rounds); the value with the least geometric mean of
 time over the best candidate's, size by size, is kept unless the default is within 5% of it
 (noise). For a threshold, candidates that put a size on the same side of it take the same path
-there, and share the median of their times at that size. The variables are measured in turn, each with the choices before it applied (the push
-thresholds depend on each other). Measured now:
+there, and share the median of their times at that size. The variables are measured in turn,
+each with the choices before it applied (the push thresholds depend on each other). Measured now:
 
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
-  where the kernel allows it (a container may not): on one Xeon VM it wins for gather and
-  loses for bcast, whose staged root returns while the receivers copy;
+  where the kernel allows it (a container may not): it can win for gather and lose for bcast
+  on the same host, as a bcast's staged root returns while the receivers copy;
 - HBMCOLL_CMA_MIN: from which size those collectives copy once (measured on them only);
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
 - HBMCOLL_REP_MOVSB_MIN: from which size plain copies use `rep movsb` rather than memcpy ("auto":
@@ -26,9 +27,8 @@ thresholds depend on each other). Measured now:
   other tenants;
 - HBMCOLL_PUSH_MIN: from which size an allreduce of hbmcoll.empty buffers pushes (each rank
   writes its reduced slice into every output) instead of rsag's zero copy, and
-  HBMCOLL_PUSH_STREAM_MIN, from which size it writes with streaming stores: streamed, push won
-  by 24% at 16 MiB on an EPYC VM; on a Xeon one it loses there by 30%, and with ordinary stores
-  wins by 2x at 1-4 MiB.
+  HBMCOLL_PUSH_STREAM_MIN, from which size it writes with streaming stores: whether the push
+  wins, and with which stores, went opposite ways on two CPUs.
 
 The cache (~/.cache/hbmcoll/tuned-<host>.json, or HBMCOLL_TUNE_FILE) is keyed by the CPU model,
 core count, kernel and hbmcoll version; init() applies it to every variable the environment does
@@ -56,8 +56,8 @@ CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 3
          "HBMCOLL_CMA_MIN": ((), (64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20)),
          "HBMCOLL_SLOT_BYTES": (("bcast", "gather", "allreduce"), (1 << 20, 4 << 20)),
          "HBMCOLL_REP_MOVSB_MIN": (("bcast", "gather"), (1 << 20, 4 << 20)),
-         # allreduce only: with a gather's single copy chosen, and bcast's receivers streaming or
-         # not alike within 3% on the Xeon VM, their cases only added noise to its 1.2x
+         # allreduce only: a gather's single copy and bcast's receivers took as long streaming as
+         # not, within the noise, so their cases only blurred the choice (bench/README.md)
          "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (256 << 10, 1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
@@ -157,8 +157,9 @@ def _threshold_bytes(var, value):
 def _pooled(var, runs, cases):
     """For a threshold, the candidates that put a case's size on the same side take the same
     path there: the same measurement repeated. Each gets the median of its side's times, so
-    the choice rests on the paths' difference, not on noise between equal candidates (a 10%
-    scatter at 1 MiB once outvoted streaming's 20% gain at 16 MiB)."""
+    the choice rests on the paths' difference, not on noise between equal candidates (scored one
+    by one, such noise once outvoted a real gain of streaming: bench/README.md, "A threshold is
+    scored by its paths")."""
     side = SIDES.get(var)
     limit = {v: _threshold_bytes(var, v) for v in runs} if side else {}
     if not side or None in limit.values():
