@@ -7,4 +7,4 @@
 - param_sharing.py: parameter sharing through the servers (ShmCaffe's modes), the part the torch
   and Keras helpers (hbmcoll/torch/param_sharing.py, hbmcoll/tensorflow/param_sharing.py) share.
 """
-from .server import Buffer, Client, Server, main, parse_size, placed_pool, start_beside  # noqa: F401
+from .server import MAX_HANDSHAKES, Buffer, Client, Server, main, parse_size, placed_pool, start_beside  # noqa: F401
