@@ -30,10 +30,11 @@ TOP_LEVEL = {
     # that lands (then they move as one concern)
     "comm", "p2p", "in_order", "buffers", "objects", "vcoll", "clib",
     "across", "nodes", "layout", "subnodes", "alltoall_nodes", "pipeline",
-    # documented commands (`python -m hbmcoll.X`): each only re-exports and runs its module in
-    # launch/ or tools/
-    "run", "tune", "bench", "topo", "variables",
 }
+# documented commands (`python -m hbmcoll.X`): each only re-exports and runs its module in launch/
+# or tools/
+COMMANDS = {"run", "tune", "bench", "topo", "variables"}
+TOP_LEVEL |= COMMANDS
 
 
 def _modules():
@@ -143,6 +144,17 @@ def test_only_the_listed_modules_sit_at_the_top_of_the_package():
     assert not stray, (f"modules at the top of hbmcoll/ outside its short list: {stray}; put each in "
                        "the subpackage of its concern (or, for a new concern, a new subpackage)")
     assert "hbmcoll" in modules
+
+
+def test_the_commands_at_the_top_only_run_their_modules():
+    """The modules kept for `python -m hbmcoll.X` hold no code of their own: a few lines each."""
+    long = {}
+    for name in COMMANDS:
+        with open(os.path.join(PKG_DIR, name + ".py"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        if len(lines) > 10:
+            long[name] = len(lines)
+    assert not long, f"command modules at the top with more than 10 lines: {long}"
 
 
 def test_setup_py_ships_every_subpackage():
