@@ -254,7 +254,7 @@ static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
   return PyLong_FromSize_t(coll__net_ring_slot_bytes(self->ring));
 }
 
-/* The raw calls, for the memory servers and their clients (memserver.py, remote.py). */
+/* The raw calls, for the memory servers and their clients (hbmcoll/memserver/: server.py, client.py). */
 static PyObject *bridge_pool(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (!bridge_usable(self)) return NULL;

@@ -1,5 +1,5 @@
-"""A memory server that cannot be killed or stalled from outside (memserver.py,
-memserver_control.py): raw sockets against a real server (python -m hbmcoll.memserver).
+"""A memory server that cannot be killed or stalled from outside (memserver/server.py,
+memserver/control.py): raw sockets against a real server (python -m hbmcoll.memserver).
 
 - hellos that are not well formed (not JSON, not an object, fields of the wrong type, over the
   size limit) get a clear error and lose their connection; the server serves on;
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import hbmcoll
-from hbmcoll import memproto as ms
+from hbmcoll.memserver import protocol as ms
 from test_memserver import ENV, TOKEN, servers  # noqa: F401  (servers: the fixture)
 
 
