@@ -145,7 +145,7 @@ setup(
     description="Collectives for Python on many-core, high-bandwidth-memory nodes",
     license="BSD-3-Clause",
     package_dir={"": "pymod", "hbmcoll._bench": "bench"},
-    packages=["hbmcoll", "hbmcoll.horovod", "hbmcoll.launch", "hbmcoll.memserver", "hbmcoll.tensorflow",
+    packages=["hbmcoll", "hbmcoll.horovod", "hbmcoll.launch", "hbmcoll.memserver", "hbmcoll.nodes", "hbmcoll.tensorflow",
               "hbmcoll.tools", "hbmcoll.torch", "hbmcoll._bench", "hbmcoll._bench.workers"],
     py_modules=["_hbmcoll_torch_autoload"],  # init_process_group("hbmcoll") with no import of ours
     package_data={"hbmcoll._bench": ["c/staged_floor.c"], "hbmcoll": ["py.typed", "*.pyi"]},  # PEP 561

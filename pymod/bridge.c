@@ -1,7 +1,7 @@
 /*
  * bridge.c - hbmcoll._core.Bridge: this rank's endpoint of the bridge between nodes
  * (libcoll/src/net.h) and the ring it joins (net_ring.h), for the node layer in Python
- * (hbmcoll/nodes.py), which swaps the cards and keeps the connections that are watched.
+ * (hbmcoll/nodes/), which swaps the cards and keeps the connections that are watched.
  *
  *   b = Bridge(iface=None, pool_bytes=4 << 20, pool=None)   # opens the endpoint (loads libfabric);
  *                                    # pool: a writable buffer to register instead (kept until close)

@@ -1,6 +1,6 @@
 /*
  * hier.c - hbmcoll._core.Hier: a job's collectives across nodes in C (libcoll/src/hier.h), for
- * the communicator across nodes (hbmcoll/across.py), which keeps the rendezvous, the watched
+ * the communicator across nodes (hbmcoll/nodes/communicator.py), which keeps the rendezvous, the watched
  * connections and the endpoints.
  *
  *   h = Hier(comm, bridge, node, nodes, rings, node_of, local_of, timeout=0, watch_fd=-1)

@@ -192,7 +192,7 @@ def test_detect_inconsistent(env, names):
 
 
 def test_where_nodes_meet():
-    from hbmcoll import layout
+    from hbmcoll.nodes import layout
 
     with pytest.raises(ValueError, match="set MASTER_ADDR"):
         layout.meeting_point(dict(HYDRA), "mpiexec")

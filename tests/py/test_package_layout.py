@@ -26,10 +26,8 @@ TOP_LEVEL = {
     # the package's face: `import hbmcoll`, `python -m hbmcoll`, its version, its exceptions,
     # and what every layer reports through (HBMCOLL_LOG, HBMCOLL_TIMELINE)
     "__init__", "__main__", "_version", "errors", "log", "timeline",
-    # the communicators and what they are made of: being rewritten into C, they stay here until
-    # that lands (then they move as one concern)
+    # the communicators and what they are made of (the one across nodes is nodes/)
     "comm", "p2p", "in_order", "buffers", "objects", "vcoll", "clib",
-    "across", "nodes", "layout", "subnodes",
 }
 # documented commands (`python -m hbmcoll.X`): each only re-exports and runs its module in launch/
 # or tools/

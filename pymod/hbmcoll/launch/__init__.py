@@ -5,5 +5,5 @@
 - job_secret.py: the job's secret, which keeps two jobs apart; launcher_secret.py: a job's secret
   drawn by the job and carried by its launcher's store (torchrun);
 - job.py: hbmcoll.init(), which joins the job: a communicator over shared memory on one node,
-  across nodes the node layer's (hbmcoll/layout.py, hbmcoll/across.py).
+  across nodes the node layer's (hbmcoll/nodes/).
 """

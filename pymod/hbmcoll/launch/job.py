@@ -2,7 +2,7 @@
 
 From the launcher's environment (hbmcoll-run, torchrun, mpiexec, srun; env.py): the ranks
 of one node form a Communicator over shared memory; ranks on several nodes form a
-NodesCommunicator (across.py) over the node's Communicator and the bridge (layout.py). From an
+NodesCommunicator (nodes/communicator.py) over the node's Communicator and the bridge (nodes/layout.py). From an
 mpi4py communicator (or a torch Store, hbmcoll/torch/backend.py), ranks that know each other's node
 names meet the same way (_init_by_names). Each rank is pinned and its buffers planned first
 (_place), and its compute threads follow its share of the cores.
@@ -112,7 +112,7 @@ def _init(comm, timeout):
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
-    from .. import layout
+    from ..nodes import layout
 
     addr, base, secret = layout.meeting_point(os.environ, info.launcher,  # its errors before anything waits
                                               timeout or env_timeout or layout.RENDEZVOUS_S)
@@ -124,7 +124,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     """The NodesCommunicator over this node's communicator (made here, under key): the bridge
     to the other nodes (layout.find; where_of(ring) is each ring's rendezvous, toward the address
     whose interface the bridge takes unless HBMCOLL_IFACE says)."""
-    from .. import across, layout
+    from ..nodes import communicator as across, layout
 
     local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
     try:
@@ -146,7 +146,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
-    from .. import layout
+    from ..nodes import layout
 
     names = mpi_comm.allgather(layout.node_name(os.environ))
     if len(set(names)) > 1:
@@ -162,7 +162,7 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
     swap small values (swap(v): every rank's v, by rank; MPI, a torch Store): the nodes meet as
     under a launcher, at rendezvous that node 0's ring carriers open on ports of their choosing,
     told to everyone by swap with the job's secret."""
-    from .. import layout
+    from ..nodes import layout
 
     here = [r for r in range(size) if names[r] == names[rank]]
     local_rank, local_size = here.index(rank), len(here)

@@ -82,7 +82,7 @@ class _Connection:
 
     def __init__(self, addr, token, timeout):
         from .. import _core
-        from ..layout import iface_to
+        from ..nodes.layout import iface_to
         host, _, port = addr.rpartition(":")
         self.addr, self.timeout, self.dead = addr, timeout, False
         self.token = token

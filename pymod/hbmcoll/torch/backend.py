@@ -55,7 +55,7 @@ _world_placement = None
 
 def _node_names(store, rank, size):
     """Every member's node name (HBMCOLL_NODE, else the hostname), by group rank."""
-    from ..layout import node_name
+    from ..nodes.layout import node_name
 
     store.set(f"hbmcoll/node/{rank}", node_name(os.environ))
     return [store.get(f"hbmcoll/node/{r}").decode() for r in range(size)]

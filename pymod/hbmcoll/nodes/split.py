@@ -17,8 +17,8 @@ over): only the parent's close knows that no node still writes to them.
 """
 import numpy as np
 
-from . import _core
-from .errors import BootstrapError, Error
+from .. import _core
+from ..errors import BootstrapError, Error
 from .layout import Layout, open_bridge, probe, ring
 
 CARD_BLOCK = 2 + 256   # a card's length (2 bytes, 0xffff: the endpoint failed) and the card

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from .errors import BootstrapError
+from ..errors import BootstrapError
 
 MAGIC = b"HBMN1\0"
 NONCE = 32

@@ -14,13 +14,13 @@ a blocking call in the caller's thread once those before it finished.
 """
 import atexit
 
-from . import _core
-from .comm import Communicator, Request, _op_code
-from .errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
-from . import timeline
-from .objects import ObjectCollectives
-from .p2p import Channels, PointToPoint
-from .vcoll import VariableCollectives
+from .. import _core
+from ..comm import Communicator, Request, _op_code
+from ..errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
+from .. import timeline
+from ..objects import ObjectCollectives
+from ..p2p import Channels, PointToPoint
+from ..vcoll import VariableCollectives
 
 
 class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
@@ -206,7 +206,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
     def split(self, color, key=0):
         """Ranks with equal color form a new communicator ordered by (key, rank), across nodes
         as well; color=None (or negative) joins none and gets None. Every rank calls it."""
-        from .subnodes import split
+        from .split import split
         self._hier.quiet()  # the node's communicator splits in this thread: nothing may run on it
         sub = self._run(lambda: split(self, color, key))
         return None if sub is None else timeline.made(sub)

@@ -38,10 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, nodes
-from .launch import env as launch_env
-from .launch import launcher_secret
-from .errors import ArgumentError, BootstrapError, Error, TimeoutError
+from .. import _core
+
+from . import rendezvous as nodes
+from ..launch import env as launch_env
+from ..launch import launcher_secret
+from ..errors import ArgumentError, BootstrapError, Error, TimeoutError
 
 # How long the nodes wait for each other at init when HBMCOLL_TIMEOUT does not say (torchrun's
 # own rendezvous waits 900 s too): a node that never comes is an error, not a hang.
@@ -174,7 +176,7 @@ def node_name(env):
 def _check(size):
     """The complete() of the rendezvous of local ranks 0: all nodes came, each rank once, each
     node with a bridge endpoint the others can reach."""
-    from ._version import __version__
+    from .._version import __version__
     mine = {"size": size, "version": __version__, "protocol": PROTOCOL}
 
     def complete(blobs):
@@ -285,7 +287,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
         said = b""
         if local.rank == 0:
             try:
-                from ._version import __version__
+                from .._version import __version__
                 head = {"name": name, "ranks": ranks, "size": size, "version": __version__, "protocol": PROTOCOL}
                 bridge = _open(iface, pool_bytes, head, local)
                 card = bridge.card() if bridge is not None else b""
