@@ -92,7 +92,6 @@ extern PyType_Spec hb_memserve_spec;
 struct coll__net;
 struct coll__net *hb_bridge_net(PyObject *bridge);
 double hb_now(void);                /* CLOCK_MONOTONIC, seconds */
-void hb_poll_idle(double waited_s); /* a raw poll found nothing: nap once it waited a while */
 coll_dtype_t hb_dtype_named(const char *name); /* COLL_DTYPE_COUNT: no such name */
 PyObject *hb_axpy(PyObject *m, PyObject *args);
 
