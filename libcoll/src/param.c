@@ -32,6 +32,11 @@
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB; the
  *                        creating rank's value holds for all)
  *   Every byte count above also takes "auto": its default.
+ *   HBMCOLL_P2P_CELLS    point-to-point cells (4 KiB each) per ordered pair of ranks (default 8,
+ *                        at least 2; p2p.h; the creating rank's value holds for all)
+ *   HBMCOLL_P2P_CMA      0: point-to-point never pulls a large message straight from the
+ *                        sender's memory, it goes through the cells (default 1: where the
+ *                        kernel allows it)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
@@ -222,6 +227,12 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
   if (rc == 0) rc = param_algo_list(p, err, errlen);
   if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
   if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);
+  static const char *const onoff[] = {"0", "1", NULL};
+  if (rc == 0) rc = param_size("HBMCOLL_P2P_CELLS", 8, 2, &p->p2p_cells, err, errlen);
+  if (rc == 0 && p->p2p_cells > 4096)
+    rc = param_bad(err, errlen, "HBMCOLL_P2P_CELLS", getenv("HBMCOLL_P2P_CELLS"),
+                   "give a number of cells from 2 to 4096");
+  if (rc == 0) rc = param_word("HBMCOLL_P2P_CMA", onoff, 1, &p->p2p_cma, err, errlen);
   const char *rep = getenv("HBMCOLL_REP_MOVSB_MIN");
   if (rc == 0 && rep && strcasecmp(rep, "off") == 0)
     p->rep_movsb_min = SIZE_MAX;
