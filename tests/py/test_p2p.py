@@ -1,6 +1,7 @@
-"""Point-to-point messages (p2p.py): send/recv/isend/irecv/sendrecv between ranks of one node,
-against what each rank knows it should get; tags, ANY_SOURCE, sizes, the irecv-send-wait
-pattern, a dead sender, an intruder on a rank's socket, and misuse."""
+"""Point-to-point messages: send/recv/isend/irecv/sendrecv between ranks of one node (in C through
+the shared segment, libcoll/src/p2p*.c), against what each rank knows it should get; tags,
+ANY_SOURCE, sizes, the irecv-send-wait pattern, a dead sender, misuse; and an intruder on the
+socket path (p2p.Channels, which the communicator across nodes keeps)."""
 import signal
 import socket
 import time
@@ -130,18 +131,27 @@ def test_a_receive_from_a_rank_that_was_killed_is_peer_lost(start_ranks):
 
 
 def _intruder(comm):
-    if comm.rank == 0:
-        got = np.empty(1)
-        comm.recv(got, tag=9)
-        return got.tolist()
-    family, addr = comm._p2p.addrs[0]
-    fake = socket.socket(family, socket.SOCK_STREAM)  # knows the name, not the secret
-    fake.connect(addr)
-    fake.sendall(_HELLO.pack(1, b"\0" * 32) + _HEAD.pack(9, 8) + np.array([666.0]).tobytes())
-    time.sleep(0.3)
-    comm.send(np.array([42.0]), 0, tag=9)
-    fake.close()
-    return None
+    """Channels (the socket path, which the communicator across nodes keeps) made over a
+    one-node communicator: a connection without the secret is refused."""
+    from hbmcoll.p2p import Channels
+    channels = Channels(comm, b"s" * 32)
+    comm.barrier()  # every rank's socket is bound
+    try:
+        if comm.rank == 0:
+            got = np.empty(1)
+            channels.recv(got, tag=9)
+            return got.tolist()
+        family, addr = channels.addrs[0]
+        fake = socket.socket(family, socket.SOCK_STREAM)  # knows the name, not the secret
+        fake.connect(addr)
+        fake.sendall(_HELLO.pack(1, b"\0" * 32) + _HEAD.pack(9, 8) + np.array([666.0]).tobytes())
+        time.sleep(0.3)
+        channels.send(np.array([42.0]), 0, tag=9)
+        fake.close()
+        return None
+    finally:
+        comm.barrier()
+        channels.close()
 
 
 def test_a_connection_without_the_secret_is_refused(run_ranks):
