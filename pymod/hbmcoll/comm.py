@@ -382,7 +382,7 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
     def sendrecv(self, sendbuf, dest, recvbuf, source=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, status=None):
         """sendbuf to dest and a message from source into recvbuf at once (no deadlock when two
         ranks swap); returns recvbuf."""
-        got = self.irecv(recvbuf, source, recvtag, status)
+        got = _RecvRequest(self._c.irecv(recvbuf, source, recvtag), recvbuf, status, self._timeout or None)
         try:
             self._c.send(sendbuf, dest, sendtag)
         except BaseException:
