@@ -2,9 +2,13 @@
 send/recv (C, through the shared segment) beside the socket path (p2p.Channels, which the
 communicator across nodes keeps), on the same communicator.
 
-    python -m hbmcoll.run -n 2 python3 bench/p2p_latency.py [--iters N]
+    python -m hbmcoll.run -n 2 python3 bench/p2p_latency.py [--iters N] [--reps R] [--sizes 8,65536]
+
+Each number is the best of R repetitions (the mean of N iterations each), and the median of
+them in brackets: on a loaded machine the best is luck, the median what a program sees.
 """
 import argparse
+import statistics
 import time
 
 import numpy as np
@@ -34,23 +38,29 @@ def pingpong(send, recv, rank, buf, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     args = ap.parse_args()
     comm = hbmcoll.init()
     sock = Channels(comm, b"p2p-latency".ljust(32, b"."))
     comm.barrier()
     rows = []
-    for n in SIZES:
+    for n in map(int, args.sizes.split(",")):
         buf = np.zeros(n, np.uint8)
         iters = args.iters if n <= 65536 else max(args.iters // 10, 50)
-        c_us = min(pingpong(comm.send, comm.recv, comm.rank, buf, iters) for _ in range(3)) * 1e6
-        comm.barrier()
-        s_us = min(pingpong(sock.send, sock.recv, comm.rank, buf, iters) for _ in range(3)) * 1e6
-        comm.barrier()
+        c_us, s_us = [], []
+        for _ in range(args.reps):  # the two paths in turn: both see the same load
+            c_us.append(pingpong(comm.send, comm.recv, comm.rank, buf, iters) * 1e6)
+            comm.barrier()
+            s_us.append(pingpong(sock.send, sock.recv, comm.rank, buf, iters) * 1e6)
+            comm.barrier()
         rows.append((n, c_us, s_us))
     if comm.rank == 0:
-        print(f"{'bytes':>8} {'shared memory (us)':>20} {'socket path (us)':>18}")
+        print(f"{'bytes':>8} {'shared memory (us)':>24} {'socket path (us)':>24}")
         for n, c_us, s_us in rows:
-            print(f"{n:>8} {c_us:>20.2f} {s_us:>18.2f}")
+            c = f"{min(c_us):.2f} [{statistics.median(c_us):.2f}]"
+            s = f"{min(s_us):.2f} [{statistics.median(s_us):.2f}]"
+            print(f"{n:>8} {c:>24} {s:>24}")
     sock.close()
     comm.close()
 

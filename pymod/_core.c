@@ -398,6 +398,10 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   (void)unused;
   if (self->comm == NULL) Py_RETURN_NONE;
   if (hb_comm_lock(self) != 0) return NULL;
+  if (hb_p2p_drain(self) != 0) { /* another thread's send/recv: wait for it */
+    hb_comm_unlock(self);
+    return NULL;
+  }
   coll_comm_t *c = self->comm;
   int rc;
   char text[320];

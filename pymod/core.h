@@ -39,6 +39,8 @@ typedef struct {
   Py_ssize_t arena_live; /* ArenaBuffers not yet released */
   unsigned long owner_thread; /* the only thread that may issue collectives ... */
   int any_thread;             /* ... unless the caller orders them itself (torch backend) */
+  atomic_int p2p_users;       /* point-to-point calls in flight (p2p.c: they take no lock) */
+  int p2p_closing;            /* close() waits for them and refuses new ones */
 } hb_comm_t;
 
 /* buffer.c */
@@ -85,6 +87,8 @@ PyObject *hb_comm_send(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *hb_comm_recv(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *hb_comm_isend(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *hb_comm_irecv(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
+/* close(): refuse new point-to-point calls and wait for those in flight; -1 (KeyboardInterrupt) */
+int hb_p2p_drain(hb_comm_t *self);
 /* _core.c: the exception of a failed call (KeyboardInterrupt already set for COLL_EINTERRUPTED) */
 PyObject *hb_comm_raise(hb_comm_t *self, int rc);
 

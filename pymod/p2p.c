@@ -4,10 +4,16 @@
  * P2PRequest, the request an isend or irecv returns.
  *
  * As for the collectives: arguments are checked and the buffer is taken with the GIL held
- * (hb_buf_get_bytes: any element type), the call runs with the GIL released, and the
- * communicator's lock is held around it (one Python thread at a time). A blocking call's
+ * (hb_buf_get_bytes: any element type), and the call runs with the GIL released. Unlike the
+ * collectives, point-to-point calls do not take the communicator's lock: libcoll's p2p layer
+ * has its own, held only for short steps, so a thread blocked in recv does not hold up a
+ * send from another (a helper thread receiving, as torch-style code and MPI programs do).
+ * A count of the calls in flight (p2p_users) keeps the communicator alive under them: close()
+ * refuses new ones and waits for those in flight (Ctrl-C ends that wait). A blocking call's
  * waits run hb_interrupt (the communicator's interrupt callback), so Ctrl-C ends them with
- * KeyboardInterrupt: the message is withdrawn. A request's wait() sleeps in 50 ms slices
+ * KeyboardInterrupt: the message is withdrawn. So does dropping an unfinished request (its
+ * buffer goes with it): libcoll waits for it, Ctrl-C withdraws it, and the KeyboardInterrupt
+ * is raised again at the next chance (a deallocator cannot raise). A request's wait() sleeps in 50 ms slices
  * without the GIL and runs signal handlers between them; when its time runs out a receive
  * nothing matched yet is withdrawn (TimeoutError), one being filled is waited out.
  * Errors of one call (a message longer than the buffer, a timeout) leave the communicator
@@ -96,6 +102,45 @@ static PyObject *p2p_raise(hb_comm_t *self, int rc, int recv, int peer, int tag,
   return hb_comm_raise(self, rc);
 }
 
+/* With the GIL: count this call in, unless the communicator is closed or closing. */
+static int p2p_enter(hb_comm_t *self) {
+  if (self->comm == NULL || self->p2p_closing) {
+    hb_raise(self->state, COLL_EABORTED, "the communicator is closed");
+    return -1;
+  }
+  atomic_fetch_add(&self->p2p_users, 1);
+  return 0;
+}
+
+static void p2p_leave(hb_comm_t *self) {
+  if (atomic_fetch_sub(&self->p2p_users, 1) != 1 || !self->p2p_closing) return;
+  pthread_mutex_lock(&self->wait_mu);
+  pthread_cond_broadcast(&self->wait_cv);
+  pthread_mutex_unlock(&self->wait_mu);
+}
+
+int hb_p2p_drain(hb_comm_t *self) {
+  self->p2p_closing = 1;
+  while (atomic_load(&self->p2p_users) > 0) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->wait_mu);
+    if (atomic_load(&self->p2p_users) > 0) {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until); /* wait_cv runs on CLOCK_MONOTONIC (comm_lock.c) */
+      until.tv_nsec += 200 * 1000000L;
+      if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&self->wait_cv, &self->wait_mu, &until);
+    }
+    pthread_mutex_unlock(&self->wait_mu);
+    Py_END_ALLOW_THREADS
+    if (PyErr_CheckSignals() < 0) {
+      self->p2p_closing = 0;
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static double p2p_comm_timeout(void) {
   double t = 0;
   coll_env_check(&t, NULL, 0);
@@ -105,10 +150,10 @@ static double p2p_comm_timeout(void) {
 static PyObject *p2p_blocking(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs, int recv) {
   int peer, tag;
   if (p2p_args(self, args, nargs, recv, &peer, &tag) != 0) return NULL;
-  if (hb_comm_lock(self) != 0) return NULL;
+  if (p2p_enter(self) != 0) return NULL;
   hb_buf_t b;
-  if (hb_buf_get_bytes(args[0], recv, recv ? "send/recv" : "send/recv", &b) != 0) {
-    hb_comm_unlock(self);
+  if (hb_buf_get_bytes(args[0], recv, "send/recv", &b) != 0) {
+    p2p_leave(self);
     return NULL;
   }
   coll_status_t st = {0, 0, 0};
@@ -129,7 +174,7 @@ static PyObject *p2p_blocking(hb_comm_t *self, PyObject *const *args, Py_ssize_t
     if (rc == -ETIMEDOUT) waited = p2p_comm_timeout();
     result = p2p_raise(self, rc, recv, peer, tag, cap, &st, waited);
   }
-  hb_comm_unlock(self);
+  p2p_leave(self);
   return result;
 }
 
@@ -147,12 +192,12 @@ static PyObject *p2p_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t na
   PyTypeObject *tp = self->state->P2PRequestType;
   hb_p2p_request_t *r = (hb_p2p_request_t *)tp->tp_alloc(tp, 0);
   if (r == NULL) return NULL;
-  if (hb_comm_lock(self) != 0) {
+  if (p2p_enter(self) != 0) {
     Py_DECREF(r);
     return NULL;
   }
   if (hb_buf_get_bytes(args[0], recv, "send/recv", &r->buf) != 0) {
-    hb_comm_unlock(self);
+    p2p_leave(self);
     Py_DECREF(r);
     return NULL;
   }
@@ -163,7 +208,7 @@ static PyObject *p2p_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t na
   int rc = recv ? coll_irecv(self->comm, r->buf.ptr, r->buf.nbytes, peer, tag, &r->req)
                 : coll_isend(self->comm, r->buf.ptr, r->buf.nbytes, peer, tag, &r->req);
   if (rc == 0) r->comm = (hb_comm_t *)Py_NewRef(self);
-  hb_comm_unlock(self);
+  p2p_leave(self);
   if (rc != 0) {
     r->req = NULL;
     Py_DECREF(r);
@@ -284,9 +329,20 @@ static void p2p_dealloc(hb_p2p_request_t *r) {
   if (r->req) {
     coll_req_t *req = r->req;
     r->req = NULL;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* a deallocator keeps what is being raised */
     Py_BEGIN_ALLOW_THREADS
-    coll_req_free(req); /* withdraws a receive nothing matched; else waits: the buffer is in use */
+    coll_req_free(req); /* withdraws a receive nothing matched; else waits (Ctrl-C ends it) */
     Py_END_ALLOW_THREADS
+    if (PyErr_Occurred()) { /* hb_interrupt ended the wait: raise it where Python can */
+      if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        PyErr_Clear();
+        PyErr_SetInterrupt();
+      } else {
+        PyErr_WriteUnraisable(NULL);
+      }
+    }
+    PyErr_Restore(type, value, tb);
   }
   hb_buf_release(&r->buf);
   Py_CLEAR(r->comm);

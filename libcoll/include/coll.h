@@ -277,9 +277,10 @@ void coll_req_free(coll_req_t *req);
  * turn on one communicator). Messages from one rank to another are matched in the order they
  * were sent (MPI's non-overtaking rule); a receive takes the first message from its source
  * (any, with COLL_ANY_SOURCE) whose tag matches (any, with COLL_ANY_TAG). Tags are >= 0.
- * A send to this rank itself works. Point-to-point calls may come from any thread (one
- * lock per communicator guards their state); every wait of one of them moves every pending
- * point-to-point operation of this rank along, so MPI's irecv-send-wait never deadlocks. */
+ * A send to this rank itself works. Point-to-point calls may come from any thread, at once
+ * (a lock per communicator guards their state, held only for short steps); every wait of one
+ * of them moves every pending point-to-point operation of this rank along, so MPI's
+ * irecv-send-wait never deadlocks. */
 #define COLL_ANY_SOURCE (-1)
 #define COLL_ANY_TAG (-1)
 
@@ -329,7 +330,11 @@ int coll_irecv(coll_comm_t *comm, void *buf, size_t bytes, int source, int tag, 
  * result (0, COLL_EMISMATCH, the communicator's failure, COLL_EABORTED if the communicator was
  * freed first), or -ETIMEDOUT when timeout_s, or the communicator's timeout, ran out first: the
  * request goes on. coll_req_test makes one such step. coll_req_free of an unfinished receive
- * withdraws it if no message matched it yet, else (and for a send) waits for it first. */
+ * withdraws it if no message matched it yet, else (and for a send) waits for it first, and
+ * the interrupt callback ends that wait: the operation is withdrawn (a send half way through
+ * the channel in pieces cannot be, and fails the communicator). A rank's posted operations
+ * also move while it is elsewhere (in a collective, computing): a helper thread, started at
+ * its first point-to-point call, acts for it when a peer has waited for it a while. */
 
 /* A completed receive's status: 0 and *status_p; COLL_EBADARG for NULL pointers, a request that
  * is not a receive, or one not finished yet. */

@@ -3,24 +3,30 @@
  * requests, and waiting.
  *
  * State. A communicator's point-to-point state (p2p.h) is made at its first call: per peer
- * counters and queues in this process, and a lock, since a request may be waited on from any
- * thread while another calls. There is no progress thread: every wait, of a blocking call or
- * a request, and every coll_req_test moves all of this rank's point-to-point work along
- * (pushes queued sends, takes incoming cells, notices pulled rendezvous), so an irecv posted
- * before a blocking send is filled while that send waits. What a peer can finish without us
- * (pulling our large message) needs nothing from this rank at all.
+ * counters and queues in this process, and a lock, held only for short steps (never across a
+ * sleep or a spin's pause), so calls from several threads go on at once: a thread blocked in
+ * recv does not hold up a send from another. Every wait, of a blocking call or a request, and
+ * every coll_req_test moves all of this rank's point-to-point work along (pushes queued sends,
+ * takes incoming cells, notices pulled rendezvous), so an irecv posted before a blocking send
+ * is filled while that send waits. While no thread of the rank is in a call, its helper thread
+ * (p2p_helper.c), asked by a peer that has waited 20 ms for it, does the same: an isend whose
+ * pieces go through the cells, or an irecv, finishes while the rank is in a collective.
  *
- * Waiting, as sync.c waits for the collectives' flags: spin (the communicator's budget, short
- * when ranks outnumber CPUs), then yield a little, then sleep on this rank's doorbell
- * (p2p_channel.c) in 10 ms slices. Only after the spin does a wait pull unexpected large
- * messages (p2p_match.c), so a ping-pong whose receive comes a moment late still copies once.
- * Every 20 ms of the slow path it checks whether the peer it waits for has died or left
- * (coll__peer_gone, the communicator's own watch of its ranks: that fails the communicator
- * with COLL_EPEERLOST, as a collective would), the communicator's timeout and, for blocking
- * calls, the interrupt callback (Ctrl-C). A failure of the communicator, from any rank, ends
- * every wait. A timeout or an interrupt of a blocking call withdraws its operation (a receive
- * never matched, a send never taken) and leaves the communicator usable; only a send cut
- * half way through the channel in pieces cannot be withdrawn, and fails the communicator.
+ * Waiting, as sync.c waits for the collectives' flags, but shorter: spin at most P2P_SPIN_S
+ * (200 us; the communicator's budget; 50 us when ranks outnumber CPUs, and for a second after a
+ * spin was preempted), then sleep on this rank's doorbell (p2p_channel.c) in 10 ms slices.
+ * No sched_yield phase: on a loaded machine a yield hands the CPU to a busy process for a whole
+ * time slice, while a futex wake gets it back at once. Only after 1 ms does a wait pull
+ * unexpected large messages (p2p_match.c), so a ping-pong whose receive comes a moment late
+ * still copies once. Every 20 ms of the slow path it checks whether the peer it waits for has
+ * died or left (coll__peer_gone, the communicator's own watch of its ranks: that fails the
+ * communicator with COLL_EPEERLOST, as a collective would), the communicator's timeout and,
+ * for blocking calls and coll_req_free, the interrupt callback (Ctrl-C); asks the peers it
+ * waits for for help; and past HBMCOLL_STALL_WARN says who it waits for (the warn callback),
+ * as collectives do. A failure of the communicator, from any rank, ends every wait. A timeout
+ * or an interrupt of a blocking call withdraws its operation (a receive never matched, a send
+ * never taken) and leaves the communicator usable; only a send cut half way through the
+ * channel in pieces cannot be withdrawn, and fails the communicator.
  *
  * Lifetime. The state counts its users: the communicator and each request not yet freed. At
  * coll_comm_free it makes waiting threads leave, fails pending requests with COLL_EABORTED
@@ -31,6 +37,7 @@
 #include <linux/futex.h>
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -39,8 +46,14 @@
 #include "p2p.h"
 
 #define P2P_SLICE_MS 10
-#define P2P_CHECK_S 0.02
-#define P2P_YIELD_S 0.002
+#define P2P_CHECK_S 0.02        /* peer, interrupt, help and stall checks this often */
+#define P2P_SPIN_S 200e-6       /* the longest spin, where every rank has a CPU (a 1 MiB
+                                 * message copied by both ends takes about 100 us) */
+#define P2P_SPIN_LOADED_S 50e-6 /* ... and where they do not, or a spin was preempted (a 64 KiB
+                                 * message takes 20 us) */
+#define P2P_PREEMPTED_S 30e-6   /* a spin step this long was preempted ... */
+#define P2P_LOADED_S 1.0        /* ... and waits sleep at once for this long */
+#define P2P_DEEP_S 0.001        /* unexpected large messages pulled aside after this long */
 
 static pthread_mutex_t p2p_make_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -102,6 +115,12 @@ static coll__p2p_t *p2p_get(coll_comm_t *c) {
       pthread_mutex_lock(&p->lock);
       p2p_unref(p);
       p = NULL;
+    } else {
+      int rc = coll__p2p_helper_start(p);
+      if (rc != 0) /* still correct while this rank calls in; a peer may wait for it meanwhile */
+        coll__warn(c, "rank %d: no point-to-point helper thread (pthread_create: %s): a send or "
+                   "receive this rank posted moves only while it is in a point-to-point call",
+                   c->rank, strerror(-rc));
     }
     c->p2p = p;
   }
@@ -133,8 +152,38 @@ static int p2p_check_peer(coll__p2p_t *p, coll__p2p_op_t *op) {
                     op->send ? "send to" : "receive from");
 }
 
+/* A live peer keeps this wait long: say who and what, as sync.c says it for collectives. */
+static void p2p_warn_stall(coll__p2p_t *p, const coll__p2p_op_t *op, double waited) {
+  char who[32], tag[24];
+  if (op->peer == COLL_ANY_SOURCE) snprintf(who, sizeof who, "any rank");
+  else snprintf(who, sizeof who, "rank %d", op->peer);
+  if (op->tag == COLL_ANY_TAG) snprintf(tag, sizeof tag, "any tag");
+  else snprintf(tag, sizeof tag, "tag %d", op->tag);
+  coll__warn(p->c, "rank %d has waited %.0f s to %s %s (%s, %zu bytes)%s; the peers are alive (a slow rank, "
+             "or a %s that was never posted)%s", p->rank, waited, op->send ? "send to" : "receive from", who,
+             tag, op->bytes, op->stage == OP_TAKING ? ", part of it came" : "", op->send ? "receive" : "send",
+             p->c->params.timeout_s > 0 ? "" : "; HBMCOLL_TIMEOUT=S makes such a wait an error");
+}
+
+/* Whom op waits for asks for help (p2p_helper.c): its peer, or every rank for ANY_SOURCE. */
+static void p2p_ask_peers(coll__p2p_t *p, const coll__p2p_op_t *op) {
+  int peer = op->stage == OP_TAKING ? op->status.source : op->peer;
+  if (peer != COLL_ANY_SOURCE) {
+    coll__p2p_ask(p, peer);
+    return;
+  }
+  for (int r = 0; r < p->size; r++) coll__p2p_ask(p, r);
+}
+
 /* With the lock held: until op is done (0), or -ETIMEDOUT at `until`, COLL_EINTERRUPTED
- * (blocking calls only), the communicator's failure, COLL_EABORTED when it is being freed. */
+ * (blocking calls only), the communicator's failure, COLL_EABORTED when it is being freed.
+ *
+ * Spin only while it pays: at most P2P_SPIN_S (and the communicator's spin budget), and only
+ * P2P_SPIN_LOADED_S when ranks outnumber CPUs or for a while once a spin found itself
+ * preempted (a step that took P2P_PREEMPTED_S: another thread wants this CPU, maybe the peer
+ * we wait for).
+ * Then sleep on the doorbell at once: under load a futex wake gets the CPU back at once,
+ * where sched_yield against a busy process gives it away for a whole time slice. */
 static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocking) {
   coll__p2p_progress(p, 0);
   if (p2p_done(op)) return 0;
@@ -142,55 +191,65 @@ static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocki
   if (c == NULL) return COLL_EABORTED;
   p->inside++;
   int rc = 0;
+  double start = p2p_now(), last = start;
+  double spin_s = c->yield_budget > 2 && start >= p->loaded_until ? P2P_SPIN_S : P2P_SPIN_LOADED_S;
   for (long i = 0; i < c->spin_iters && rc == 0; i++) {
     pthread_mutex_unlock(&p->lock);
     p2p_relax();
     pthread_mutex_lock(&p->lock);
     if (p->c == NULL) rc = COLL_EABORTED;
     else if ((coll__p2p_progress(p, 0), p2p_done(op))) goto out;
-    else if ((i & 255) == 255 && coll__aborted(c)) rc = coll__aborted(c);
+    else if ((i & 15) == 15) {
+      double t = p2p_now();
+      if (t - last > P2P_PREEMPTED_S) p->loaded_until = t + P2P_LOADED_S;
+      if (t - last > P2P_PREEMPTED_S || t - start > spin_s) break;
+      last = t;
+      if ((i & 255) == 255 && coll__aborted(c)) rc = coll__aborted(c);
+    }
   }
-  double start = p2p_now(), next_check = start + P2P_CHECK_S;
-  int yields = 0;
+  double next_check = start + P2P_CHECK_S;
+  double stall = c->params.stall_warn_s, next_warn = stall > 0 ? start + stall : INFINITY;
   coll__p2p_bell_t *bell = &p->bells[p->rank];
   while (rc == 0) {
     if (p->c == NULL) {
       rc = COLL_EABORTED;
       break;
     }
-    coll__p2p_progress(p, 1);
-    if (p2p_done(op)) break;
-    if ((rc = coll__aborted(c)) != 0) break;
     double now = p2p_now();
+    coll__p2p_progress(p, 0);
+    if (p2p_done(op)) break;
+    if (now - start >= P2P_DEEP_S) coll__p2p_progress(p, 1); /* only then: a late recv still copies once */
+    if ((rc = coll__aborted(c)) != 0) break;
+    uint32_t b = atomic_load_explicit(&bell->bell, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&bell->sleepers, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    coll__p2p_progress(p, 0); /* what was published before the count went up */
+    int ready = p2p_done(op) || coll__aborted(c);
     pthread_mutex_unlock(&p->lock);
-    if (yields < c->yield_budget && now - start < P2P_YIELD_S) {
-      yields++;
-      sched_yield();
-      pthread_mutex_lock(&p->lock);
-    } else {
-      uint32_t b = atomic_load_explicit(&bell->bell, memory_order_seq_cst);
-      atomic_fetch_add_explicit(&bell->sleepers, 1, memory_order_seq_cst);
-      atomic_thread_fence(memory_order_seq_cst);
-      pthread_mutex_lock(&p->lock);
-      int ready = p->c == NULL || (coll__p2p_progress(p, 1), p2p_done(op)) || coll__aborted(c);
-      pthread_mutex_unlock(&p->lock);
-      if (!ready) {
-        double left = until - now;
-        long ns = P2P_SLICE_MS * 1000000L;
-        if (left < 0.01 && left > 0) ns = (long)(left * 1e9) + 1;
-        struct timespec ts = {0, ns};
-        syscall(SYS_futex, &bell->bell, FUTEX_WAIT, b, &ts, NULL, 0);
-      }
-      atomic_fetch_sub_explicit(&bell->sleepers, 1, memory_order_seq_cst);
-      pthread_mutex_lock(&p->lock);
-      now = p2p_now();
+    if (!ready) {
+      double left = until - now;
+      long ns = P2P_SLICE_MS * 1000000L;
+      if (left < 0.01 && left > 0) ns = (long)(left * 1e9) + 1;
+      struct timespec ts = {0, ns};
+      syscall(SYS_futex, &bell->bell, FUTEX_WAIT, b, &ts, NULL, 0);
     }
+    atomic_fetch_sub_explicit(&bell->sleepers, 1, memory_order_seq_cst);
+    pthread_mutex_lock(&p->lock);
+    now = p2p_now();
     if (p->c == NULL || p2p_done(op)) continue;
     if (now >= until) rc = -ETIMEDOUT;
     if (rc || now < next_check) continue;
     next_check = now + P2P_CHECK_S;
     if ((rc = p2p_check_peer(p, op)) != 0) break;
-    if (blocking && c->interrupt_fn && c->interrupt_fn(c->interrupt_arg)) rc = COLL_EINTERRUPTED;
+    if (blocking && c->interrupt_fn && c->interrupt_fn(c->interrupt_arg)) {
+      rc = COLL_EINTERRUPTED;
+      break;
+    }
+    p2p_ask_peers(p, op);
+    if (now >= next_warn) {
+      p2p_warn_stall(p, op, now - start);
+      next_warn = start + 2 * (now - start); /* then at doubling intervals, as sync.c */
+    }
   }
 out:
   if (--p->inside == 0) pthread_cond_broadcast(&p->idle);
@@ -380,11 +439,22 @@ int coll__p2p_req_cancel(coll__p2p_op_t *op) {
   return rc;
 }
 
+/* Nobody will see this request's result, and its buffer is about to go: wait as a blocking
+ * call does, the interrupt check included (Ctrl-C withdraws it, or fails the communicator for a
+ * send half way through the cells, as p2p_give_up says). */
 void coll__p2p_req_free(coll__p2p_op_t *op) {
   coll__p2p_t *p = op->p;
-  if (coll__p2p_req_cancel(op) == -EBUSY)
-    while (coll__p2p_req_wait(op, -1) == -ETIMEDOUT) continue;
+  coll__p2p_req_cancel(op); /* a receive nothing matched yet */
   pthread_mutex_lock(&p->lock);
+  while (!p2p_done(op)) {
+    int rc = p->c ? p2p_wait(p, op, p2p_until(p->c, -1), 1) : COLL_EABORTED;
+    if (rc == COLL_EINTERRUPTED) {
+      p2p_give_up(p, op, rc);
+      coll__p2p_finish(p, op, rc);
+    } else if (rc != 0 && rc != -ETIMEDOUT) {
+      p2p_req_failed(p, op, rc);
+    }
+  }
   free(op);
   p2p_unref(p);
 }
@@ -394,6 +464,7 @@ void coll__p2p_destroy(coll_comm_t *c) {
   if (p == NULL) return;
   c->p2p = NULL;
   if (coll__forked(c)) return; /* the parent's: its lock may be held by a thread not here */
+  coll__p2p_helper_stop(p); /* first: it reads p->c */
   pthread_mutex_lock(&p->lock);
   while (p->inside > 0) { /* waiters see p->c go and leave */
     coll__p2p_t *keep = p;

@@ -36,6 +36,11 @@ typedef struct {
   _Alignas(COLL_LINE) _Atomic uint64_t tail; /* cells the receiver is done with (only grows) */
   /* rendezvous n lives in rdv[n % COLL_P2P_RDV] as (n << 2) | state */
   _Alignas(COLL_LINE) _Atomic uint64_t rdv[COLL_P2P_RDV];
+  /* a large rendezvous the receiver copies with the sender's help (p2p_copy.c) */
+  _Alignas(COLL_LINE) _Atomic uint64_t co_claim; /* (rendezvous number << 24) | chunks claimed */
+  _Atomic uint64_t co_done;                      /* chunks copied */
+  uint64_t co_dst, co_len;                       /* the receiver's buffer, bytes to copy */
+  _Atomic int32_t co_err;                        /* a helper's copy failed: the receiver redoes it */
 } coll__p2p_chan_t;
 _Static_assert(sizeof(coll__p2p_chan_t) <= COLL_P2P_CHAN_HEAD, "channel head");
 enum { RDV_POSTED = 0, RDV_PULLING = 1, RDV_DONE = 2, RDV_REVOKED = 3 };
@@ -43,6 +48,8 @@ enum { RDV_POSTED = 0, RDV_PULLING = 1, RDV_DONE = 2, RDV_REVOKED = 3 };
 typedef struct {
   _Alignas(COLL_LINE) _Atomic uint32_t bell; /* futex word: bumped when a sleeper must look */
   _Atomic uint32_t sleepers;                 /* this rank's threads asleep on it */
+  _Atomic uint32_t help; /* futex word of this rank's helper thread (p2p_helper.c): bumped by a
+                          * peer that has waited long for this rank, and to stop the helper */
 } coll__p2p_bell_t;
 
 /* In this process. */
@@ -109,6 +116,9 @@ struct coll__p2p {
   coll__p2p_msg_t *unx_head, *unx_tail;  /* unexpected messages, in arrival order */
   coll__p2p_cur_t *cur;                  /* per source */
   coll__p2p_op_t *live;                  /* unfinished requests */
+  double loaded_until;                   /* a wait was preempted: sleep early until then */
+  pthread_t helper;                      /* p2p_helper.c */
+  int helper_on, helper_stop;
 };
 
 /* p2p_channel.c */
@@ -130,10 +140,30 @@ int coll__p2p_pulls(coll__p2p_t *p, int peer);
 /* Copy n bytes of the message at `addr` in `source`'s process into dst: 0 or a failure. */
 int coll__p2p_pull(coll__p2p_t *p, int source, void *dst, uint64_t addr, size_t n);
 
+/* p2p_helper.c */
+/* Start this rank's helper thread (the lock held): 0 or -errno. */
+int coll__p2p_helper_start(coll__p2p_t *p);
+/* Stop and join it (the lock not held). */
+void coll__p2p_helper_stop(coll__p2p_t *p);
+/* A waiter that has waited long for `rank` asks that rank's helper to move its operations
+ * along (and to take unexpected messages aside, so their senders may go on). */
+void coll__p2p_ask(coll__p2p_t *p, int rank);
+
+/* p2p_copy.c */
+/* The receiver: rendezvous n of `source` (at addr there) into dst, len bytes; a large one in
+ * chunks the sender, if it is waiting, helps copy. 0 or a failure (the communicator's). */
+int coll__p2p_copy_in(coll__p2p_t *p, int source, uint64_t n, void *dst, uint64_t addr, size_t len);
+/* The sender: copy chunks of op's rendezvous its receiver is copying now, if any. */
+void coll__p2p_copy_help(coll__p2p_t *p, coll__p2p_op_t *op);
+
 /* p2p_match.c */
-/* One step for every channel and pending operation; `deep` (a waiter that has spun long
- * enough) also pulls unexpected large messages, so their senders are free to go on. */
+/* One step for every channel and pending operation; `deep` (a waiter that has waited long
+ * enough, or a helper a peer asked) also pulls unexpected large messages, so their senders
+ * are free to go on. */
 void coll__p2p_progress(coll__p2p_t *p, int deep);
+/* 1 when an operation of this rank needs this rank to act: a send not wholly in its channel,
+ * a receive posted, or a long message coming in pieces. */
+int coll__p2p_pending(const coll__p2p_t *p);
 /* A new receive: takes an unexpected message if one matches, else joins `posted`. */
 void coll__p2p_post_recv(coll__p2p_t *p, coll__p2p_op_t *op);
 /* Take `op` out of whatever it is in, if it can be: 1 withdrawn, 0 it is too far along (a send

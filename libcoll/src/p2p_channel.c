@@ -28,7 +28,8 @@
  *    cell carries only the buffer's address, and a rendezvous number n whose word
  *    rdv[n % 64] the sender set to (n, POSTED). The receiver that matches it moves the word to
  *    PULLING by compare-and-swap, reads the whole message straight into the receive's buffer
- *    with one process_vm_readv (a copy with itself: memcpy), sets DONE and rings the sender.
+ *    with process_vm_readv (a copy with itself: memcpy; from 256 KiB the waiting sender
+ *    writes part of it meanwhile, p2p_copy.c), sets DONE and rings the sender.
  *    One copy, and the sender need not run while it happens: a rank blocked in a collective
  *    still has its isend pulled. A sender that gives up (timeout, Ctrl-C) swaps POSTED for
  *    REVOKED: the receiver then finds the swap failed and treats the message as never sent;
@@ -37,8 +38,9 @@
  *    in this rank's queue).
  *  - pieces, above the eager limit where the receiver cannot read the sender (HBMCOLL_P2P_CMA=0
  *    forces it): a LONG cell with the length and the first 4032 bytes, then CHUNK cells,
- *    pipelined through the ring; the sender pushes as cells free up, so it must keep calling
- *    into the library (any p2p wait does) until the last piece is in. Two copies.
+ *    pipelined through the ring; the sender pushes as cells free up: any p2p wait of its
+ *    rank does, and while the rank is elsewhere its helper thread does (p2p_helper.c), once
+ *    the receiver has waited 20 ms and asked for it. Two copies.
  *
  * Non-overtaking: each rank keeps, per destination, a queue of sends not yet wholly in the
  * channel; a new send joins behind them, so cells enter every channel in send order, and the

@@ -83,7 +83,7 @@ static int match_pull(coll__p2p_t *p, int source, uint64_t n, uint64_t addr, voi
   _Atomic uint64_t *w = &ch->rdv[n % COLL_P2P_RDV];
   uint64_t expect = n << 2 | RDV_POSTED;
   if (!atomic_compare_exchange_strong(w, &expect, n << 2 | RDV_PULLING)) return 0;
-  *rc_p = coll__p2p_pull(p, source, dst, addr, cap);
+  *rc_p = coll__p2p_copy_in(p, source, n, dst, addr, cap);
   atomic_store_explicit(w, n << 2 | RDV_DONE, memory_order_release);
   coll__p2p_ring(p, source);
   return 1;
@@ -201,6 +201,7 @@ void coll__p2p_progress(coll__p2p_t *p, int deep) {
     if (p->outq[d].head) coll__p2p_push(p, d);
   for (coll__p2p_op_t *op = p->pulls.head, *next; op; op = next) {
     next = op->next;
+    coll__p2p_copy_help(p, op);
     coll__p2p_chan_t *ch = coll__p2p_chan(p, p->rank, op->peer);
     if (atomic_load_explicit(&ch->rdv[op->rdv % COLL_P2P_RDV], memory_order_acquire) ==
         (op->rdv << 2 | RDV_DONE)) {
@@ -210,6 +211,13 @@ void coll__p2p_progress(coll__p2p_t *p, int deep) {
   }
   for (int s = 0; s < p->size; s++) match_channel(p, s);
   if (deep) match_pull_unexpected(p);
+}
+
+int coll__p2p_pending(const coll__p2p_t *p) {
+  if (p->posted.head) return 1;
+  for (int r = 0; r < p->size; r++)
+    if (p->outq[r].head || p->cur[r].active) return 1;
+  return 0;
 }
 
 void coll__p2p_post_recv(coll__p2p_t *p, coll__p2p_op_t *op) {

@@ -131,6 +131,25 @@ static int param_size(const char *name, size_t dflt, size_t min, size_t *v_p, ch
   return 0;
 }
 
+/* A count of things (not bytes: no K/M/G): from min to max, or "auto" for dflt. */
+static int param_count(const char *name, size_t dflt, size_t min, size_t max, const char *things,
+                       size_t *v_p, char *err, size_t errlen) {
+  const char *s = getenv(name);
+  *v_p = dflt;
+  if (s == NULL || *s == '\0' || strcasecmp(s, "auto") == 0) return 0;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s || *end != '\0' || s[0] == '-' || errno == ERANGE || v < min || v > max) {
+    char takes[96];
+    snprintf(takes, sizeof takes, "give a number of %s from %zu to %zu, or 'auto' (%zu)", things, min, max,
+             dflt);
+    return param_bad(err, errlen, name, s, takes);
+  }
+  *v_p = (size_t)v;
+  return 0;
+}
+
 /* The largest cache of CPU 0 (sysfs), or 32 MiB if it cannot be read. */
 static size_t param_llc_bytes(void) {
   size_t best = 0;
@@ -228,10 +247,7 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
   if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
   if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);
   static const char *const onoff[] = {"0", "1", NULL};
-  if (rc == 0) rc = param_size("HBMCOLL_P2P_CELLS", 8, 2, &p->p2p_cells, err, errlen);
-  if (rc == 0 && p->p2p_cells > 4096)
-    rc = param_bad(err, errlen, "HBMCOLL_P2P_CELLS", getenv("HBMCOLL_P2P_CELLS"),
-                   "give a number of cells from 2 to 4096");
+  if (rc == 0) rc = param_count("HBMCOLL_P2P_CELLS", 8, 2, 4096, "cells", &p->p2p_cells, err, errlen);
   if (rc == 0) rc = param_word("HBMCOLL_P2P_CMA", onoff, 1, &p->p2p_cma, err, errlen);
   const char *rep = getenv("HBMCOLL_REP_MOVSB_MIN");
   if (rc == 0 && rep && strcasecmp(rep, "off") == 0)

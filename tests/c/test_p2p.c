@@ -433,6 +433,139 @@ static int rank_bystander(int rank, int size, const char *key, void *arg) {
   return bad;
 }
 
+/* The sender goes elsewhere (a barrier) with its isend posted, while the receiver waits in
+ * recv: the send must finish without the sender calling in (through the cells its helper
+ * thread pushes the pieces). `arg`: the size. */
+static int rank_isend_barrier(int rank, int size, const char *key, void *arg) {
+  size_t n = (size_t)(uintptr_t)arg;
+  coll_comm_t *c;
+  if (comm_open(rank, size, key, 60, &c)) return 1;
+  int bad = 0, rc;
+  uint8_t *buf = malloc(n + 1);
+  coll_args_t ba = {.kind = COLL_BARRIER};
+  if (rank == 0) {
+    fill(buf, n, 3);
+    coll_req_t *r = NULL;
+    EXPECT((rc = coll_isend(c, buf, n, 1, 4, &r)) == 0, "isend: %s", coll_err_name(rc));
+    EXPECT((rc = coll_run(c, &ba)) == 0, "barrier: %s", coll_err_name(rc));
+    if (r) EXPECT((rc = coll_req_wait(r, -1)) == 0, "wait: %s", coll_err_name(rc));
+    coll_req_free(r);
+  } else {
+    EXPECT((rc = coll_recv(c, buf, n, 0, 4, NULL)) == 0, "recv: %s", coll_err_name(rc));
+    EXPECT(check(buf, n, 3), "bytes of %zu differ", n);
+    EXPECT((rc = coll_run(c, &ba)) == 0, "barrier: %s", coll_err_name(rc));
+  }
+  free(buf);
+  coll_comm_free(c);
+  return bad;
+}
+
+/* A request of an unfinished send freed (a dropped Python request) while its receiver never
+ * calls in: the interrupt check (Ctrl-C) ends the wait. A rendezvous is revoked and the
+ * communicator stays usable (nothing arrives later); a send half way through the cells fails
+ * the communicator, as a blocking send would. */
+static int rank_free_interrupt(int rank, int size, const char *key, void *arg) {
+  (void)arg;
+  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = 30,
+                            .interrupt = interrupt_after};
+  coll_comm_t *c = NULL;
+  interrupt_at = 1e18;
+  if (coll_comm_create(&cfg, &c)) return 1;
+  int bad = 0, rc;
+  size_t n = 16 << 20;
+  uint8_t *buf = malloc(n);
+  fill(buf, n, 5);
+  coll_args_t ba = {.kind = COLL_BARRIER};
+  const char *cma = getenv("HBMCOLL_P2P_CMA");
+  int pulled = cma == NULL || strcmp(cma, "0") != 0;
+  if (rank == 0) {
+    coll_req_t *r = NULL;
+    EXPECT((rc = coll_isend(c, buf, n, 1, 6, &r)) == 0, "isend: %s", coll_err_name(rc));
+    interrupt_at = now_s() + 0.3;
+    double t = now_s();
+    coll_req_free(r); /* rank 1 is in a barrier: only the interrupt ends this */
+    interrupt_at = 1e18;
+    EXPECT(now_s() - t < 20, "free took %.1f s", now_s() - t);
+    EXPECT((coll_comm_error(c, NULL) == 0) == pulled, "communicator error %d", coll_comm_error(c, NULL));
+  }
+  rc = coll_run(c, &ba);
+  EXPECT((rc == 0) == pulled, "barrier: %s", coll_err_name(rc));
+  if (rank == 1 && pulled) { /* the revoked message never comes */
+    coll_req_t *r = NULL;
+    EXPECT(coll_irecv(c, buf, n, 0, 6, &r) == 0, "irecv");
+    EXPECT((rc = coll_req_wait(r, 0.5)) == -ETIMEDOUT, "irecv wait: %s", coll_err_name(rc));
+    EXPECT(coll_req_cancel(r) == 0, "cancel");
+    coll_req_free(r);
+  }
+  if (pulled) EXPECT((rc = coll_run(c, &ba)) == 0, "barrier after: %s", coll_err_name(rc)); /* rank 0 stays */
+  free(buf);
+  coll_comm_free(c);
+  return bad;
+}
+
+/* A receive that waits past HBMCOLL_STALL_WARN says so through the warn callback, naming the
+ * peer; the message still arrives. */
+static char stall_text[512];
+static void stall_warn(void *arg, const char *text) {
+  (void)arg;
+  snprintf(stall_text, sizeof stall_text, "%s", text);
+}
+
+static int rank_stall(int rank, int size, const char *key, void *arg) {
+  (void)arg;
+  coll_comm_config_t cfg = {.rank = rank, .size = size, .job_key = key, .timeout_s = 30, .warn = stall_warn};
+  coll_comm_t *c = NULL;
+  if (coll_comm_create(&cfg, &c)) return 1;
+  int bad = 0, rc;
+  double x = 0;
+  if (rank == 0) {
+    usleep(1500 * 1000);
+    x = 4;
+    EXPECT((rc = coll_send(c, &x, sizeof x, 1, 2)) == 0, "send: %s", coll_err_name(rc));
+  } else {
+    EXPECT((rc = coll_recv(c, &x, sizeof x, 0, 2, NULL)) == 0 && x == 4, "recv: %s", coll_err_name(rc));
+    EXPECT(strstr(stall_text, "rank 1 has waited") && strstr(stall_text, "rank 0"), "warning: '%s'",
+           stall_text);
+  }
+  coll_comm_free(c);
+  return bad;
+}
+
+/* Large messages back to back, several in flight (both ends copy each, p2p_copy.c): a sender
+ * still helping with one never writes into the next; sizes not a multiple of the chunk. */
+static int rank_back_to_back(int rank, int size, const char *key, void *arg) {
+  (void)arg;
+  coll_comm_t *c;
+  if (comm_open(rank, size, key, 60, &c)) return 1;
+  int bad = 0, rc;
+  enum { N = 12 };
+  size_t n = (300 << 10) + 77;
+  uint8_t *buf = malloc(N * n);
+  if (rank == 0) {
+    coll_req_t *r[N];
+    for (int k = 0; k < N; k++) {
+      fill(buf + (size_t)k * n, n, 40u + (unsigned)k);
+      EXPECT((rc = coll_isend(c, buf + (size_t)k * n, n, 1, k % 3, &r[k])) == 0, "isend %d: %s", k, coll_err_name(rc));
+    }
+    for (int k = 0; k < N; k++) {
+      EXPECT((rc = coll_req_wait(r[k], -1)) == 0, "wait %d: %s", k, coll_err_name(rc));
+      coll_req_free(r[k]);
+    }
+  } else {
+    for (int k = 0; k < N; k++) {
+      memset(buf, 0, n);
+      EXPECT((rc = coll_recv(c, buf, n, 0, k % 3, NULL)) == 0, "recv %d: %s", k, coll_err_name(rc));
+      EXPECT(check(buf, n, 40u + (unsigned)k), "message %d differs", k);
+      if (k % 4 == 3) usleep(20000); /* the sender's waits go to sleep now and then */
+    }
+  }
+  coll_args_t ba = {.kind = COLL_BARRIER};
+  EXPECT(coll_run(c, &ba) == 0, "barrier");
+  free(buf);
+  coll_comm_free(c);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   for (int cma = 1; cma >= 0; cma--) {
@@ -455,6 +588,14 @@ int main(int argc, char **argv) {
     RUN("a peer dies during a small recv", 2, rank_dies, NULL, 0);
     RUN("a peer dies during a large recv", 2, rank_dies, (void *)1, 0);
     RUN("collectives in between", 3, rank_mixed, NULL, -1);
+    RUN("isend 100 B; barrier; wait against recv; barrier", 2, rank_isend_barrier, (void *)(uintptr_t)100, -1);
+    RUN("isend 16 MiB; barrier; wait against recv; barrier", 2, rank_isend_barrier,
+        (void *)(uintptr_t)(16 << 20), -1);
+    RUN("a freed unfinished send ends on an interrupt", 2, rank_free_interrupt, NULL, -1);
+    RUN("large messages back to back", 2, rank_back_to_back, NULL, -1);
+    snprintf(name, sizeof name, "a long wait warns (%s)", cma ? "pulled" : "cells");
+    const char *const stall_env[] = {"HBMCOLL_STALL_WARN=0.5", cma ? NULL : "HBMCOLL_P2P_CMA=0", NULL};
+    if (CASE(name)) spawn_expect(name, 2, 60, stall_env, rank_stall, NULL, -1);
     if (pipe(quiet_pipe) == 0) {
       RUN("two exchange, the third is elsewhere", 3, rank_bystander, NULL, -1);
       close(quiet_pipe[0]);
