@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tools"))
 import prebuild_check  # noqa: E402  (tools/, shipped in the sdist)
 
-VERSION = "0.1.0"  # also pymod/hbmcoll/__init__.py and the pkg-config file
+VERSION = "0.1.0"  # also pymod/hbmcoll/_version.py and the pkg-config file
 HEADERS = ["libcoll/include/coll.h", "numa/include/coll_numa.h"]
 LINK = ["hwloc", "pthread", "m", "dl"]
 
@@ -145,7 +145,8 @@ setup(
     description="Collectives for Python on many-core, high-bandwidth-memory nodes",
     license="BSD-3-Clause",
     package_dir={"": "pymod", "hbmcoll._bench": "bench"},
-    packages=["hbmcoll", "hbmcoll._bench", "hbmcoll._bench.workers"],
+    packages=["hbmcoll", "hbmcoll.horovod", "hbmcoll.launch", "hbmcoll.memserver", "hbmcoll.nodes", "hbmcoll.tensorflow",
+              "hbmcoll.tools", "hbmcoll.torch", "hbmcoll._bench", "hbmcoll._bench.workers"],
     py_modules=["_hbmcoll_torch_autoload"],  # init_process_group("hbmcoll") with no import of ours
     package_data={"hbmcoll._bench": ["c/staged_floor.c"], "hbmcoll": ["py.typed", "*.pyi"]},  # PEP 561
     libraries=[] if PREBUILT else [libhbmcoll],
@@ -154,7 +155,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "torch==2.13.0", "mpi4py"]},
-    entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.run:main",
-                                     "hbmcoll-memserver = hbmcoll.memserver:main"],
+    entry_points={"console_scripts": ["hbmcoll-run = hbmcoll.launch.run:main",
+                                     "hbmcoll-memserver = hbmcoll.memserver.server:main"],
                   "torch.backends": ["hbmcoll = _hbmcoll_torch_autoload:register"]},
 )

@@ -106,8 +106,8 @@ def worker(a):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hbmcoll.torch  # noqa: F401
-    from hbmcoll import _torch_ddp
-    from hbmcoll._torch_backend import ProcessGroupHbmcoll
+    from hbmcoll.torch import ddp as _torch_ddp
+    from hbmcoll.torch.process_group import ProcessGroupHbmcoll
 
     if a.bind is None:
         torch.set_num_threads(1)

@@ -27,7 +27,7 @@ def worker(a):
     import numpy as np
     import torch
     import hbmcoll.torch as hvd
-    from hbmcoll import _torch_optimizer
+    from hbmcoll.torch import optimizer as _torch_optimizer
     torch.set_num_threads(1)
     comm = hvd.init()
     spent = [0.0]

@@ -20,5 +20,5 @@ def register():
 
 def _create(*args, **kwargs):
     import hbmcoll.torch  # noqa: F401 - the DDP hook and Horovod helpers come with it
-    from hbmcoll import _torch_backend
-    return _torch_backend.create(*args, **kwargs)
+    from hbmcoll.torch import backend
+    return backend.create(*args, **kwargs)

@@ -1,7 +1,7 @@
 /*
  * bridge.c - hbmcoll._core.Bridge: this rank's endpoint of the bridge between nodes
  * (libcoll/src/net.h) and the ring it joins (net_ring.h), for the node layer in Python
- * (hbmcoll/nodes.py), which swaps the cards and keeps the connections that are watched.
+ * (hbmcoll/nodes/), which swaps the cards and keeps the connections that are watched.
  *
  *   b = Bridge(iface=None, pool_bytes=4 << 20, pool=None)   # opens the endpoint (loads libfabric);
  *                                    # pool: a writable buffer to register instead (kept until close)
@@ -97,6 +97,18 @@ static int bridge_usable(hb_bridge_t *self) {
   }
   return 1;
 }
+
+/* For the layer across nodes (hier.c): the ring, with the bridge marked busy until
+ * hb_bridge_give; NULL with an exception when closed, in use, or without a ring. */
+struct coll__net_ring *hb_bridge_take(PyObject *bridge) {
+  hb_bridge_t *self = (hb_bridge_t *)bridge;
+  if (!bridge_usable(self)) return NULL;
+  if (self->ring == NULL) return (struct coll__net_ring *)hb_bad_arg("the bridge has no ring yet");
+  self->busy = 1;
+  return self->ring;
+}
+
+void hb_bridge_give(PyObject *bridge) { ((hb_bridge_t *)bridge)->busy = 0; }
 
 static PyObject *bridge_describe(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
@@ -242,7 +254,7 @@ static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
   return PyLong_FromSize_t(coll__net_ring_slot_bytes(self->ring));
 }
 
-/* The raw calls, for the memory servers and their clients (memserver.py, remote.py). */
+/* The raw calls, for the memory servers and their clients (hbmcoll/memserver/: server.py, client.py). */
 static PyObject *bridge_pool(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (!bridge_usable(self)) return NULL;

@@ -12,7 +12,7 @@
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
   PyTypeObject *CommType, *RequestType, *P2PRequestType, *ArenaBufferType, *PlacementType, *BridgeType,
-      *PoolMemoryType, *MemServeType;
+      *PoolMemoryType, *MemServeType, *HierType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -70,8 +70,8 @@ void hb_comm_lock_destroy(hb_comm_t *self);
 int hb_comm_lock(hb_comm_t *self);
 void hb_comm_unlock(hb_comm_t *self);
 /* Build coll_args_t from Python objects; holds the buffers in send/recv. */
-int hb_prepare(hb_comm_t *self, int kind, PyObject *send, PyObject *recv, int op, int root,
-               coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb);
+int hb_prepare(hb_state_t *st, int size, int rank, int kind, PyObject *send, PyObject *recv, int op,
+               int root, coll_args_t *a, hb_buf_t *sb, hb_buf_t *rb);
 
 /* arena_buffer.c */
 extern PyType_Spec hb_arena_spec;
@@ -106,6 +106,11 @@ extern PyType_Spec hb_pool_memory_spec;
 extern PyType_Spec hb_memserve_spec;
 struct coll__net;
 struct coll__net *hb_bridge_net(PyObject *bridge);
+struct coll__net_ring;
+struct coll__net_ring *hb_bridge_take(PyObject *bridge);
+void hb_bridge_give(PyObject *bridge);
+/* hier.c */
+extern PyType_Spec hb_hier_spec;
 double hb_now(void);                /* CLOCK_MONOTONIC, seconds */
 void hb_poll_idle(double waited_s); /* a raw poll found nothing: nap once it waited a while */
 coll_dtype_t hb_dtype_named(const char *name); /* COLL_DTYPE_COUNT: no such name */

@@ -1,10 +1,10 @@
 /*
  * memserve.c - hbmcoll._core.MemServe(bridge): a memory server's data path in C, without the
- * GIL (memserver.py keeps the control path: tokens, opens, locks). Clients write requests
+ * GIL (hbmcoll/memserver/server.py keeps the control path: tokens, opens, locks). Clients write requests
  * one-sided into their slot of the bridge's pool, two in flight, each in a half named by its
  * note; serve() applies them in the order of their numbers (write: copy; accumulate: y +=
  * alpha * x; read: copy out behind the version; commit: a staged write) and answers into the
- * same half of the client's reply slot. Which design, and why (memproto.py tells it whole):
+ * same half of the client's reply slot. Which design, and why (hbmcoll/memserver/protocol.py tells it whole):
  * - A write or accumulate cut in chunks is gathered in its client's stage and applied at its
  *   last chunk, so its bytes are never visible half done and no reader waits for its writer;
  *   one whose next chunk is MS_PARTIAL_S late is dropped. A read cut in chunks holds the
@@ -18,7 +18,7 @@
  * - A note counts only from the client it names (its sender, as the bridge reports it, is that
  *   client's peer): any other is dropped and counted (dropped()), so no one can push another
  *   client's requests or end it.
- * The protocol is memproto.py's: protocol() gives the numbers for a test to compare.
+ * The protocol is hbmcoll/memserver/protocol.py's: protocol() gives the numbers for a test to compare.
  */
 #include "core.h"
 
@@ -42,7 +42,7 @@ enum { MS_OK = 0, MS_REFUSED = 1, MS_FENCED = 2, MS_DTYPE = 3, MS_DROPPED = 4, M
 #define MS_REPLY_S 10.0  /* a reply that cannot leave for this long drops its client */
 #define MS_PARTIAL_S 5.0 /* a request in chunks whose next chunk is this late is dropped */
 
-typedef struct { /* memproto.HEAD, "<IIQQQdQQQ": 64 bytes, no padding */
+typedef struct { /* protocol.py's HEAD (hbmcoll/memserver/), "<IIQQQdQQQ": 64 bytes, no padding */
   uint32_t magic, opf;   /* opf: op | FIRST | LAST | STAGE | dtype code << 16 */
   uint64_t bid, off, length;
   double alpha;
@@ -71,7 +71,7 @@ typedef struct { /* a striped write's part, staged whole, waiting for its commit
 
 typedef struct {
   int used, holder; /* holder: the client whose chunked read holds it, or -1 */
-  int code;         /* memproto.DTYPES index */
+  int code;         /* protocol.py's DTYPES index */
   size_t base, nbytes, es;
   coll_dtype_t dtype; /* COLL_DTYPE_COUNT: read and write only */
   uint64_t version, wid, fence_max, lock_token;
@@ -512,7 +512,7 @@ static PyMethodDef ms_methods[] = {
     {"set_fence", (PyCFunction)ms_set_fence, METH_VARARGS, "set_fence(id, token, lease): the lock's grant"},
     {"version", (PyCFunction)ms_version, METH_VARARGS, "version(id) -> (version, the last write's id)"},
     {"dropped", (PyCFunction)ms_forged_count, METH_NOARGS, "notes dropped: not from the client they name"},
-    {"protocol", (PyCFunction)ms_protocol, METH_NOARGS | METH_STATIC, "the protocol's numbers (memproto.py's)"},
+    {"protocol", (PyCFunction)ms_protocol, METH_NOARGS | METH_STATIC, "the protocol's numbers (hbmcoll/memserver/protocol.py's)"},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot ms_slots[] = {{Py_tp_new, ms_new},           {Py_tp_dealloc, ms_dealloc},

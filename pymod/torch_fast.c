@@ -1,11 +1,12 @@
 /*
  * torch_fast.c - the hot path for plain torch CPU tensors.
  *
- * `__dlpack__` costs torch some 3 us per export (a capsule, a managed tensor,
- * a deleter), which made an 8-byte collective of torch tensors several times
- * slower than of NumPy arrays. For an exact torch.Tensor we ask the tensor
- * itself instead (data_ptr(), nbytes, dtype and the flags below: well under a
- * microsecond) and hold a reference for the length of the call. Anything else
+ * `__dlpack__` makes torch build a capsule, a managed tensor and a deleter
+ * per export, which made an 8-byte collective of torch tensors several times
+ * slower than of NumPy arrays (bench/README.md, "Measurements behind the
+ * code"). For an exact torch.Tensor we ask the tensor itself instead
+ * (data_ptr(), nbytes, dtype and the flags below, a fraction of an export's
+ * cost) and hold a reference for the length of the call. Anything else
  * (a subclass, a tensor that requires grad, one on another device, not
  * contiguous, with a lazy negation, or of a dtype hbmcoll lacks) goes the
  * general way in buffer.c, which exports it or says what is wrong, as before.

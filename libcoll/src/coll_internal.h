@@ -108,6 +108,7 @@ typedef struct {
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
   size_t p2p_cells;         /* point-to-point cells per ordered pair (HBMCOLL_P2P_CELLS) */
   int p2p_cma;              /* HBMCOLL_P2P_CMA: 0 never pull large messages with CMA */
+  int pipeline_chunks;      /* HBMCOLL_PIPELINE_CHUNKS: the allreduce across nodes' chunks, 0 measured */
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;
@@ -240,6 +241,15 @@ long coll__job_cpus(coll_comm_t *c); /* CPUs usable by the job (masks, quota) */
 
 /* ---- request.c: blocking and nonblocking runs ---- */
 void coll__worker_stop(coll_comm_t *c);
+/* The request engine, for any owner (a communicator; the layer across nodes, hier.c): a thread
+ * that runs queued requests in order with execute(owner, args). coll__worker_get starts it on
+ * first use; coll__worker_queue adds a request (coll_req_wait/test/free work on it);
+ * coll__worker_pending counts those queued or running; coll__worker_end stops it (queued
+ * requests fail with COLL_EABORTED) and sets *w_p to NULL. */
+int coll__worker_get(coll__worker_t **w_p, int (*execute)(void *owner, const coll_args_t *a), void *owner);
+int coll__worker_queue(coll__worker_t *w, const coll_args_t *a, coll_req_t **req_p);
+int coll__worker_pending(coll__worker_t *w);
+void coll__worker_end(coll__worker_t **w_p);
 /* In a fork()ed child: drop the parent's worker without joining it. */
 void coll__worker_forget(coll_comm_t *c);
 

@@ -243,6 +243,15 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
                      "give a number of spin iterations >= 0, or 'auto'");
     p->spin_iters = v;
   }
+  const char *chunks = getenv("HBMCOLL_PIPELINE_CHUNKS");
+  if (rc == 0 && chunks && *chunks) { /* the allreduce across nodes (hier_allreduce.c) */
+    char *end;
+    long v = strtol(chunks, &end, 10);
+    if (*end != '\0' || chunks[0] < '0' || chunks[0] > '9' || v < 1 || v > 255)
+      rc = param_bad(err, errlen, "HBMCOLL_PIPELINE_CHUNKS", chunks,
+                     "give a chunk count from 1 to 255, or unset to choose by measurement");
+    p->pipeline_chunks = (int)v;
+  }
   if (rc == 0) rc = param_algo_list(p, err, errlen);
   if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
   if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);

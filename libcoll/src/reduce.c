@@ -178,7 +178,8 @@ static inline float reduce_bf16_to_f32(uint16_t h)
 
 /* float32 -> bfloat16, round to nearest even by adding 0x7FFF plus the lowest
  * kept bit; a carry into the exponent (up to Inf) is the right answer.
- * NaN needs no test here (which would cost 40% of a 2-input bfloat16 sum):
+ * NaN needs no test here (a test would cost much of a 2-input bfloat16 sum;
+ * bench/README.md, "Measurements behind the code"):
  * every value this file stores was computed from bfloat16 inputs, whose low
  * 16 bits are zero, and IEEE arithmetic on x86 and Arm returns either a NaN
  * operand (quieted: bit 22, payload kept) or the default NaN 0x?FC00000. So a
@@ -275,9 +276,10 @@ static inline int32_t reduce_sdiv32(int32_t a, size_t d)
 /* One kernel per dtype: T is the stored type, A the accumulator type, LOAD
  * and STORE convert between them (for each element, inside the loops). The
  * first two inputs are combined in one pass (acc = in[0] op in[1]), which
- * makes the common 2-input case some 40% faster than copying in[0] first;
- * not for the 16-bit floats, where GCC 12 then picks narrower vectors and
- * the fused pass is ~10% slower than two simple ones. */
+ * makes the common 2-input case faster than copying in[0] first; not for
+ * the 16-bit floats, where GCC 12 then picks narrower vectors and the fused
+ * pass is slower than two simple ones (bench/README.md, "Measurements behind
+ * the code"). */
 #define REDUCE_KERNEL(name, T, A, LOAD, STORE, ADD, MUL, DIV)                             \
   static REDUCE_CLONES void name(coll_op_t op, void *out, const void *const *in,         \
                                  size_t nin, size_t count, size_t divisor)                \

@@ -39,11 +39,12 @@ struct coll__worker {
   int live;    /* started and not yet freed by coll_req_free */
   int stop;
   int orphaned; /* the communicator is gone: the last coll_req_free frees this */
+  int (*execute)(void *owner, const coll_args_t *a); /* what runs a request */
+  void *owner;  /* its communicator (or the layer across nodes, hier.c) */
 };
 
 static void *worker_main(void *arg) {
-  coll_comm_t *c = arg;
-  coll__worker_t *w = c->worker;
+  coll__worker_t *w = arg;
   pthread_mutex_lock(&w->lock);
   for (;;) {
     while (!w->stop && w->head == NULL) pthread_cond_wait(&w->work, &w->lock);
@@ -53,7 +54,7 @@ static void *worker_main(void *arg) {
     w->head = r->next;
     if (w->head == NULL) w->tail = NULL;
     pthread_mutex_unlock(&w->lock);
-    int rc = stopping ? COLL_EABORTED : coll__execute(c, &r->args);
+    int rc = stopping ? COLL_EABORTED : w->execute(w->owner, &r->args);
     pthread_mutex_lock(&w->lock);
     r->result = rc;
     r->finished = 1;
@@ -64,8 +65,8 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-static int worker_get(coll_comm_t *c) {
-  if (c->worker) return 0;
+int coll__worker_get(coll__worker_t **w_p, int (*execute)(void *owner, const coll_args_t *a), void *owner) {
+  if (*w_p) return 0;
   coll__worker_t *w = calloc(1, sizeof *w);
   if (w == NULL) return -ENOMEM;
   pthread_mutex_init(&w->lock, NULL);
@@ -75,15 +76,17 @@ static int worker_get(coll_comm_t *c) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&w->finished, &ca);
   pthread_condattr_destroy(&ca);
-  c->worker = w;
-  int rc = pthread_create(&w->thread, NULL, worker_main, c);
+  w->execute = execute, w->owner = owner;
+  int rc = pthread_create(&w->thread, NULL, worker_main, w);
   if (rc != 0) {
-    c->worker = NULL;
     free(w);
     return -rc;
   }
+  *w_p = w;
   return 0;
 }
+
+static int comm_execute(void *c, const coll_args_t *a) { return coll__execute(c, a); }
 
 static void worker_destroy(coll__worker_t *w) {
   pthread_mutex_destroy(&w->lock);
@@ -92,15 +95,15 @@ static void worker_destroy(coll__worker_t *w) {
   free(w);
 }
 
-void coll__worker_stop(coll_comm_t *c) {
-  coll__worker_t *w = c->worker;
+void coll__worker_end(coll__worker_t **w_p) {
+  coll__worker_t *w = *w_p;
   if (w == NULL) return;
   pthread_mutex_lock(&w->lock);
   w->stop = 1; /* queued requests finish with COLL_EABORTED */
   pthread_cond_signal(&w->work);
   pthread_mutex_unlock(&w->lock);
   pthread_join(w->thread, NULL);
-  c->worker = NULL;
+  *w_p = NULL;
   pthread_mutex_lock(&w->lock);
   int keep = w->live > 0; /* requests not freed yet: the last one frees w */
   w->orphaned = keep;
@@ -108,20 +111,19 @@ void coll__worker_stop(coll_comm_t *c) {
   if (!keep) worker_destroy(w);
 }
 
-void coll__worker_forget(coll_comm_t *c) {
-  c->worker = NULL; /* its memory is the parent's copy; a leak of one struct in the child */
+void coll__worker_stop(coll_comm_t *c) { coll__worker_end(&c->worker); }
+
+int coll__worker_pending(coll__worker_t *w) {
+  if (w == NULL) return 0;
+  pthread_mutex_lock(&w->lock);
+  int n = w->pending;
+  pthread_mutex_unlock(&w->lock);
+  return n;
 }
 
-int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
-  if (c == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
-  if (coll__forked(c)) return COLL_EFORKED;
-  int rc = coll__check_args(c, a);
-  if (rc) return rc;
-  if (c->error) return c->error;
-  if ((rc = worker_get(c)) != 0) return rc;
+int coll__worker_queue(coll__worker_t *w, const coll_args_t *a, coll_req_t **req_p) {
   coll_req_t *r = calloc(1, sizeof *r);
   if (r == NULL) return -ENOMEM;
-  coll__worker_t *w = c->worker;
   r->worker = w;
   r->args = *a;
   pthread_mutex_lock(&w->lock);
@@ -134,6 +136,20 @@ int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   pthread_mutex_unlock(&w->lock);
   *req_p = r;
   return 0;
+}
+
+void coll__worker_forget(coll_comm_t *c) {
+  c->worker = NULL; /* its memory is the parent's copy; a leak of one struct in the child */
+}
+
+int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
+  if (c == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
+  if (coll__forked(c)) return COLL_EFORKED;
+  int rc = coll__check_args(c, a);
+  if (rc) return rc;
+  if (c->error) return c->error;
+  if ((rc = coll__worker_get(&c->worker, comm_execute, c)) != 0) return rc;
+  return coll__worker_queue(c->worker, a, req_p);
 }
 
 int coll__req_wrap_p2p(struct coll__p2p_op *op, coll_req_t **req_p) {
@@ -206,14 +222,7 @@ void coll_req_free(coll_req_t *r) {
 
 /* Blocking: in my thread when nothing is queued, else behind the queued requests. */
 static int run_ordered(coll_comm_t *c, const coll_args_t *a) {
-  coll__worker_t *w = c->worker;
-  int queued = 0;
-  if (w) {
-    pthread_mutex_lock(&w->lock);
-    queued = w->pending;
-    pthread_mutex_unlock(&w->lock);
-  }
-  if (!queued) {
+  if (!coll__worker_pending(c->worker)) {
     c->allow_interrupt = 1;
     int rc = coll__execute(c, a);
     c->allow_interrupt = 0;

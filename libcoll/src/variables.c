@@ -82,7 +82,7 @@ static const coll_variable_t variables[] = {
     V("IFACE", "nodes", "the bridge's interface (libfabric's domain: `eth0`, `ib0`, `mlx5_0`)",
       "the one that reaches the rendezvous"),
     V("NODE", "nodes", "this node's name (nodes must differ)", "the hostname"),
-    V("PIPELINE_CHUNKS", "nodes", "chunks of a large allreduce whose node stages overlap the rings (1-255)",
+    V("PIPELINE_CHUNKS", "core", "chunks of a large allreduce whose node stages overlap the rings (1-255)",
       "measured per size at the first calls"),
     /* memory servers */
     V("MEMSERVERS", "memservers", "the memory servers of `RemoteBuffer` and parameter sharing, `host:port,...`",

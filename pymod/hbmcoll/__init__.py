@@ -11,11 +11,11 @@ from .errors import (ArgumentError, BootstrapError, CodedError, Error,  # noqa: 
                      ForkedError, MismatchError, NotFoundError, NotSupportedError,
                      OutOfMemoryError, PeerLostError, SystemCallError, TimeoutError)
 from .comm import Communicator, Request, empty  # noqa: F401
-from .job import init  # noqa: F401
+from .launch.job import init  # noqa: F401
 from .p2p import ANY_SOURCE, ANY_TAG, Status  # noqa: F401
-from .remote import RemoteBuffer  # noqa: F401
+from .memserver.client import RemoteBuffer  # noqa: F401
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 __all__ = ["init", "empty", "topology", "RemoteBuffer", "Communicator", "Request", "Status", "ANY_SOURCE",
            "ANY_TAG", "Error", "MismatchError",
@@ -25,6 +25,6 @@ __all__ = ["init", "empty", "topology", "RemoteBuffer", "Communicator", "Request
 
 def topology(ranks=None):
     """Topology facts and the placement plan of this machine (dict)."""
-    from .topo import topology as _topology
+    from .tools.topo import topology as _topology
 
     return _topology(ranks=ranks)

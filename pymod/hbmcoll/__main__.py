@@ -34,10 +34,10 @@ def _lines():
                        ("mpi4py", "hbmcoll.init(comm=MPI.COMM_WORLD)")):
         found = importlib.util.find_spec(name) is not None
         yield f"{name}: {'installed, for ' + what if found else 'not installed'}"
-    from . import tune
-    doc = tune.load()
+    from .tools import tune_cache
+    doc = tune_cache.load()
     yield ("thresholds: " + ", ".join(f"{k}={v}" for k, v in sorted(doc["choice"].items())) +
-           f" (measured here {doc['when']}, {tune.cache_path()})" if doc else
+           f" (measured here {doc['when']}, {tune_cache.cache_path()})" if doc else
            "thresholds: the built-in defaults (python -m hbmcoll.tune measures this host's)")
     launchers = [n for n in ("torchrun", "mpiexec", "srun") if shutil.which(n)]
     yield f"launchers: hbmcoll-run{''.join(', ' + n for n in launchers)} (on PATH)"

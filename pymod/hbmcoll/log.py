@@ -60,8 +60,8 @@ def communicator_made(comm, kind, transports):
     timeout = getattr(comm, "_timeout", None)
     say(logging.INFO, comm.rank, f"a wait ends after {timeout} s (HBMCOLL_TIMEOUT)" if timeout else
         "waits have no limit (HBMCOLL_TIMEOUT unset): a stalled peer is reported, not ended")
-    from . import tune
-    tuned = tune.apply()
+    from .tools import tune_cache
+    tuned = tune_cache.apply()
     if tuned:
         say(logging.INFO, comm.rank, "thresholds measured on this host (python -m hbmcoll.tune, " +
             f"{tuned['_when']}, {tuned['_file']}): " +

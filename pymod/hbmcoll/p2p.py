@@ -88,7 +88,7 @@ def _unix_name(secret, rank):
 def _tcp_listener(address):
     """A TCP socket bound at address: within HBMCOLL_PORTS' point-to-point part when it is set (the
     first free port there), else on any port."""
-    from . import launch_env
+    from .launch import env as launch_env
     ports = launch_env.port_range(os.environ)
     tries = range(ports[0] + launch_env.PORTS_P2P, ports[0] + launch_env.PORTS_BRIDGE) if ports else [0]
     for port in tries:

@@ -73,17 +73,21 @@ for dtype in (np.float32, np.int32, np.float64):
         c.allreduce(x)
         want = sum((np.arange(count) % 13 + r).astype(dtype) for r in range(P))
         assert np.array_equal(x, want), (dtype, count, x[:4], want[:4])
+iv = np.array([1, 2, -7, 2**31 - 1], dtype=np.int32) + c.rank  # avg of integers, as on one node: the
+c.allreduce(iv, op="avg")                                       # wrapped sum, C's truncating division
+wrapped = sum(np.array([1, 2, -7, 2**31 - 1], dtype=np.int64) + r for r in range(P)).astype(np.int32)
+assert list(iv) == [int(v / P) for v in wrapped.astype(np.int64)], iv
 try:  # a bad op is an ArgumentError on each rank, and the communicator goes on
-    c.allreduce(np.ones(3, dtype=np.int32), op="avg")
+    c.allreduce(np.ones(3, dtype=np.int32), op="median")
 except hbmcoll.ArgumentError as e:
-    assert "floating-point" in str(e), e
+    assert "unknown op" in str(e), e
 else:
-    raise AssertionError("op='avg' on integers was taken")
+    raise AssertionError("op='median' was taken")
 m = np.array([c.rank, -c.rank], dtype=np.int32)
 c.allreduce(m, op="max")
 assert list(m) == [P - 1, 0], m
 # inexact sums, the same bits everywhere; a size repeated, so that the chunk counts of the
-# pipelined allreduce are each tried (pipeline.Tuner), and one past the choice
+# pipelined allreduce are each tried (hier_allreduce.c), and one past the choice
 for _ in range(2 + 4 * 3):
     y = np.random.default_rng(c.rank).random((1 << 18) + 1).astype(np.float32)
     c.allreduce(y, op="avg")

@@ -33,7 +33,7 @@ def _free_port():
 
 @pytest.mark.parametrize("stranger", ["silent", "trickling", "oversized"])
 def test_a_stranger_at_the_rendezvous_does_not_hold_the_members(stranger):
-    from hbmcoll import nodes
+    from hbmcoll.nodes import rendezvous as nodes
     port, got = _free_port(), {}
 
     def member(me):

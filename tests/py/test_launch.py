@@ -1,4 +1,4 @@
-"""hbmcoll.launch_env (synthetic environments) and the hbmcoll-run launcher (real processes).
+"""hbmcoll.launch.env (synthetic environments) and the hbmcoll-run launcher (real processes).
 
 Both modules are loaded by file path: they use only the standard library and must work before
 the C extension (imported by hbmcoll/__init__.py) is built. Timing asserts are generous bounds
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "pymod" / "hbmcoll"
-RUN_PY = PKG / "run.py"
-LAUNCH_ENV_PY = PKG / "launch_env.py"
+RUN_PY = PKG / "launch" / "run.py"
+LAUNCH_ENV_PY = PKG / "launch" / "env.py"
 
 
 def _load(name, path):
@@ -144,7 +144,7 @@ def test_detect(env, expect, launcher, key):
     assert info.launcher == launcher
     assert info.job_key == f"u{UID}." + (key or f"single.{os.getpid()}")
     assert le.detect(dict(env)) == info  # deterministic: every local rank computes the same key
-    # a key the launcher's variables make is no secret: init() adds one (job_secret.py)
+    # a key the launcher's variables make is no secret: init() adds one (launch/job_secret.py)
     assert info.needs_secret == (launcher != "single" and info.size > 1
                                  and "HBMCOLL_JOB_KEY" not in env)
 
@@ -192,7 +192,7 @@ def test_detect_inconsistent(env, names):
 
 
 def test_where_nodes_meet():
-    from hbmcoll import layout
+    from hbmcoll.nodes import layout
 
     with pytest.raises(ValueError, match="set MASTER_ADDR"):
         layout.meeting_point(dict(HYDRA), "mpiexec")

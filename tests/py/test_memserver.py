@@ -1,4 +1,4 @@
-"""Memory servers and RemoteBuffer (memserver.py, remote.py): real servers (python -m
+"""Memory servers and RemoteBuffer (hbmcoll/memserver/: server.py, client.py): real servers (python -m
 hbmcoll.memserver) on loopback, real clients in other processes, the bridge's libfabric tcp.
 
 - write, read, accumulate and version; NumPy and torch bfloat16; buffers of several chunks;
@@ -81,9 +81,9 @@ def _clients(code, n, addrs, **env):
 
 
 def test_the_c_data_path_speaks_memproto():
-    """The server's data path (pymod/memserve.c) and the clients' (memproto.py) agree on every number."""
+    """The server's data path (pymod/memserve.c) and the clients' (hbmcoll/memserver/protocol.py) agree on every number."""
     from hbmcoll import _core
-    from hbmcoll import memproto as ms
+    from hbmcoll.memserver import protocol as ms
     got = _core.MemServe.protocol()
     assert got == {"HEAD_BYTES": ms.HEAD_BYTES, "REPLY_BYTES": ms.REPLY.size, "HALF": ms.HALF, "MAGIC": ms.MAGIC,
                    "FIRST": ms.FIRST, "LAST": ms.LAST, "NUMBER": ms.NUMBER, "WRITE": ms.WRITE,
@@ -347,7 +347,7 @@ def test_workers_joining_never_lose_a_running_workers_steps(servers):
     """A worker taking its step counter while another counts its steps: no count is lost (a join
     once rewrote the whole counter array, and a staleness-bounded job hung on the lost steps)."""
     import threading
-    from hbmcoll.shared_params import SharedParameters
+    from hbmcoll.memserver.param_sharing import SharedParameters
     addrs = servers(1)
     first = SharedParameters(4, servers=addrs, token=TOKEN, name="join", staleness=10 ** 6, timeout=60)
     first.start(np.zeros(4, np.float32))
@@ -374,7 +374,7 @@ def test_the_overlapped_exchange_loses_no_step_and_takes_in_the_others(servers):
     """Two workers whose every step adds 1 to each parameter, exchanging in the background
     (begin / ready / merge): at the end the shared parameters hold every step of both, and each
     worker saw the other's steps arrive while it went on."""
-    from hbmcoll.shared_params import SharedParameters
+    from hbmcoll.memserver.param_sharing import SharedParameters
     addrs = servers(1)
     workers = [SharedParameters(1000, servers=addrs, token=TOKEN, name="overlap", timeout=60) for _ in range(2)]
     flats = [np.zeros(1000, np.float32) for _ in range(2)]

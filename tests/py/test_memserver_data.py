@@ -109,7 +109,7 @@ def test_6_writes_and_accumulates_carry_their_dtype(servers):
         half.write(torch.ones(8, dtype=torch.bfloat16))
     assert rb.version == 0 and half.version == 0  # nothing reinterpreted
     conn, bid = rb._parts[0][:2]  # a raw request naming int32 for the float32 buffer: the server refuses it too
-    from hbmcoll import memproto as ms
+    from hbmcoll.memserver import protocol as ms
     with pytest.raises(hbmcoll.ArgumentError, match="dtype"):
         conn.request(ms.WRITE, bid, 0, 32, src=np.ones(8, np.int32).view(np.uint8), dtype=ms.dtype_code("int32"))
     assert rb.version == 0
@@ -232,7 +232,7 @@ def test_10_a_writer_stopped_mid_write_blocks_no_reader(servers):
     """A writer stops after 3 of its 8 chunks: a reader (default timeout) gets the last whole
     write at once, never the partial bytes; past the server's deadline the partial write is
     dropped and the writer, resumed, hears so."""
-    from hbmcoll import memproto as ms
+    from hbmcoll.memserver import protocol as ms
     addrs = servers(1)
     a = _client(STALLED_CHUNKS, addrs)
     try:
@@ -299,7 +299,7 @@ def test_11_a_client_reaches_a_restarted_server(tmp_path):
 
 BETWEEN_COMMITS = r"""
 import os, signal, numpy as np, hbmcoll
-from hbmcoll import memproto as ms
+from hbmcoll.memserver import protocol as ms
 rb = hbmcoll.RemoteBuffer("s5c", (1 << 16,), "int32", servers=addrs)
 rb.write(np.zeros(1 << 16, np.int32))
 second = rb._parts[1][0]
@@ -382,9 +382,9 @@ def test_10_a_reader_stopped_mid_read_holds_writers_back_only_briefly(servers):
 
 
 def test_10_a_read_has_a_default_timeout_and_the_connection_is_made_again(servers):
-    """A server stopped (SIGSTOP): a read without timeout= ends with TimeoutError (memproto's
+    """A server stopped (SIGSTOP): a read without timeout= ends with TimeoutError (protocol.py's
     DATA_TIMEOUT_S), not never; the server resumed, the same handle reconnects and reads on."""
-    from hbmcoll import memproto as ms
+    from hbmcoll.memserver import protocol as ms
     addrs = servers(1)
     rb = hbmcoll.RemoteBuffer("t10", (16,), "int32", servers=addrs, token=TOKEN)
     rb.write(np.full(16, 4, np.int32))

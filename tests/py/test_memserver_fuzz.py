@@ -1,4 +1,4 @@
-"""A memory server under a seeded storm of bad input (memserver.py, memserver_control.py,
+"""A memory server under a seeded storm of bad input (memserver/server.py, memserver/control.py,
 memserve.c): thousands of malformed hellos (not objects, not JSON, nested past the parser, huge
 lengths, truncated, random bytes, a wrong type or value in every field), malformed control
 messages from token holders, junk data requests (bad heads in a real connection's request slot),
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import hbmcoll
-from hbmcoll import memproto as ms
+from hbmcoll.memserver import protocol as ms
 from test_memserver import ENV, TOKEN, servers  # noqa: F401  (servers: the fixture)
 from test_memserver_hostile import _connect, _frame, _holder, card  # noqa: F401  (card: the fixture)
 
@@ -29,7 +29,7 @@ CASES = int(os.environ.get("HBMCOLL_FUZZ_CASES", "6000"))
 
 CHECKER = r"""
 import os, select, sys, numpy as np, hbmcoll
-from hbmcoll import remote
+from hbmcoll.memserver import client as remote
 n = 300000  # 1.2 MB of int32: three chunks a request
 rb = hbmcoll.RemoteBuffer("fuzz-check", (n,), "int32", servers=addr, timeout=20)
 print(rb._parts[0][1], flush=True)  # its id, which the junk leaves alone

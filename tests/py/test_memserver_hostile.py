@@ -1,5 +1,5 @@
-"""A memory server that cannot be killed or stalled from outside (memserver.py,
-memserver_control.py): raw sockets against a real server (python -m hbmcoll.memserver).
+"""A memory server that cannot be killed or stalled from outside (memserver/server.py,
+memserver/control.py): raw sockets against a real server (python -m hbmcoll.memserver).
 
 - hellos that are not well formed (not JSON, not an object, fields of the wrong type, over the
   size limit) get a clear error and lose their connection; the server serves on;
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import hbmcoll
-from hbmcoll import memproto as ms
+from hbmcoll.memserver import protocol as ms
 from test_memserver import ENV, TOKEN, servers  # noqa: F401  (servers: the fixture)
 
 
@@ -77,7 +77,7 @@ def _holder(addr, card, rcvbuf=None):
 @pytest.fixture
 def card():
     from hbmcoll import _core
-    from hbmcoll.layout import iface_to
+    from hbmcoll.nodes.layout import iface_to
     ep = _core.Bridge(iface_to("127.0.0.1"), 2 * ms.SLOT_BYTES)
     yield ep.card()
     ep.close()
@@ -279,7 +279,7 @@ def test_a_stranger_posing_as_the_server_never_gets_a_card():
         ms.send_msg(sock, {"nonce": os.urandom(16).hex()})
         heard.append(ms.recv_msg(sock))
         from hbmcoll import _core
-        from hbmcoll.layout import iface_to
+        from hbmcoll.nodes.layout import iface_to
         ep = _core.Bridge(iface_to("127.0.0.1"), 2 * ms.SLOT_BYTES)
         ms.send_msg(sock, {"proof": ms.proof("a-guess-at-the-token-00", os.urandom(16), "server"),
                            "card": ep.card().hex()})

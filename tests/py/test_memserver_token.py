@@ -1,4 +1,4 @@
-"""Token hygiene, as ssh keeps its keys (memproto.read_token, check_token; job_secret.py): a
+"""Token hygiene, as ssh keeps its keys (memserver/protocol.py's read_token, check_token; launch/job_secret.py): a
 token or secret file that group or others can read or write is refused with its mode and the
 chmod that fixes it, and so is a token shorter than 16 bytes, from a file or HBMCOLL_TOKEN.
 """
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import hbmcoll
-from hbmcoll import memproto as ms
+from hbmcoll.memserver import protocol as ms
 from test_memserver import ENV, TOKEN, _free_port, write_token
 
 
@@ -63,7 +63,8 @@ def test_a_short_token_is_refused(tmp_path, token):
 
 def test_a_rendezvous_file_others_can_read_is_refused(tmp_path, monkeypatch):
     """job_secret.Exchange: the file that hands rank 0's nonce to the other local ranks."""
-    from hbmcoll import errors, job_secret
+    from hbmcoll import errors
+    from hbmcoll.launch import job_secret
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     rank0, rank1 = job_secret.Exchange("test-key", 0), job_secret.Exchange("test-key", 1)
     nonce = rank0.publish()

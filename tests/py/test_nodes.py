@@ -1,7 +1,7 @@
 """The node layer between emulated nodes: namespaces on a bridge (netnodes.py), one process per
 node with its own hostname, the bridge over libfabric tcp;ofi_rxm.
 
-- three nodes meet through hbmcoll.nodes.exchange (secret proved both ways) and allreduce NumPy
+- three nodes meet through hbmcoll.nodes.rendezvous.exchange (secret proved both ways) and allreduce NumPy
   arrays around the bridge's ring, against NumPy;
 - a member with another secret is refused and sees no card; member 0 says who never came;
 - a node killed after the rendezvous: every other member gets PeerLostError, with no time limit.
@@ -21,7 +21,8 @@ PYMOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "py
 MEMBER = r"""
 import os, sys, numpy as np
 import hbmcoll
-from hbmcoll import _core, nodes
+from hbmcoll import _core
+from hbmcoll.nodes import rendezvous as nodes
 me, n, secret, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 wait = 4 if mode == "refused" else 20
 bridge = _core.Bridge("hbnet0")

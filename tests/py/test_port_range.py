@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import netnodes
-from hbmcoll import launch_env
+from hbmcoll.launch import env as launch_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYMOD = os.path.join(HERE, "..", "..", "pymod")

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 import netnodes
-from hbmcoll import __version__, layout
+from hbmcoll import __version__
+from hbmcoll.nodes import layout
 from hbmcoll.errors import BootstrapError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

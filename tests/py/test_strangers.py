@@ -80,7 +80,8 @@ def _stop(p):
 MEMBER = r"""
 import select, sys, numpy as np
 import hbmcoll
-from hbmcoll import _core, nodes
+from hbmcoll import _core
+from hbmcoll.nodes import rendezvous as nodes
 me, port = int(sys.argv[1]), int(sys.argv[2])
 bridge = _core.Bridge("hbnet0")
 cards, watch = nodes.exchange(me, ("10.77.0.1", port), "s3cret", bridge.card(), nodes.members(2), timeout=60)

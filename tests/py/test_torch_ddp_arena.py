@@ -1,4 +1,4 @@
-"""DDP's gradient buckets in the shared arena (hbmcoll/_torch_ddp.py): the ways DDP is used
+"""DDP's gradient buckets in the shared arena (hbmcoll/torch/ddp.py): the ways DDP is used
 (static graphs, unused parameters, no_sync, join with uneven inputs, several buckets, half
 precision) end with the weights of the same training over gloo, and a bucket that stays in
 private memory (turned off, or an arena too small) trains alike and says why once. Where the
@@ -69,7 +69,7 @@ CASES = {"static_graph": dict(static_graph=True),
 def rank_ddp_modes(comm, port):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hbmcoll import _torch_ddp
+    from hbmcoll.torch import ddp as _torch_ddp
 
     dist, gloo = init_torch(comm, port)
     pg = dist.distributed_c10d._get_default_group()
@@ -108,7 +108,7 @@ def rank_ddp_private(comm, port):
     arena too small): the same weights as over gloo, and the reason said in one line."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hbmcoll import _torch_ddp
+    from hbmcoll.torch import ddp as _torch_ddp
 
     lines = []
     handler = logging.Handler()

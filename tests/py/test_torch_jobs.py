@@ -168,7 +168,7 @@ def ddp_arena_state(pg, batches):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hbmcoll.torch
-    from hbmcoll import _torch_ddp
+    from hbmcoll.torch import ddp as _torch_ddp
 
     m = DDP(_model(1), process_group=pg, bucket_cap_mb=0.001, gradient_as_bucket_view=True)
     _train(m, torch.optim.SGD(m.parameters(), lr=0.1), batches[:2])

@@ -235,7 +235,7 @@ def test_squatted_old_style_name_does_not_stop_a_job(tmp_path):
         squatter.kill()
         squatter.wait()
     # the private directory holds nothing once the ranks have met
-    from hbmcoll import job_secret
+    from hbmcoll.launch import job_secret
     d = Path(job_secret.private_dir())
     assert (d.stat().st_mode & 0o077) == 0
     assert not [f for f in d.iterdir() if f.name.startswith("job-")]

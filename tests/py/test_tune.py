@@ -1,11 +1,11 @@
-"""python -m hbmcoll.tune (tune.py): thresholds measured on this host, cached, applied by init()
+"""python -m hbmcoll.tune (hbmcoll/tools/tune.py): thresholds measured on this host, cached, applied by init()
 where the environment sets none; another host's cache and HBMCOLL_TUNE=off are ignored."""
 import json
 import os
 import subprocess
 import sys
 
-from hbmcoll import tune
+from hbmcoll.tools import tune
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "pymod"),

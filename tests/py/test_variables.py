@@ -1,9 +1,11 @@
 """The HBMCOLL_* variables: one list in C (libcoll/src/variables.c), docs/reference.md's table generated
 from it, and every name the sources read in the list (and none in it that nothing reads)."""
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-import hbmcoll.variables as variables
+import hbmcoll.tools.variables as variables
 
 TOP = Path(__file__).resolve().parents[2]
 QUOTED = re.compile(r"[\"'](HBMCOLL_[A-Z0-9_]+)")
@@ -22,6 +24,12 @@ def test_the_reference_shows_the_generated_table():
     assert variables.table() in reference, \
         "docs/reference.md's variables table is stale: paste `python3 -m hbmcoll.variables`"
     assert reference.count(variables.BEGIN) == 1
+
+
+def test_the_documented_command_prints_the_table():
+    out = subprocess.run([sys.executable, "-m", "hbmcoll.variables"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    assert out.strip() == variables.table()
 
 
 def test_every_variable_read_is_listed_and_every_listed_one_is_read():
