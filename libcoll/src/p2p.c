@@ -22,8 +22,8 @@
  * died or left (coll__peer_gone, the communicator's own watch of its ranks: that fails the
  * communicator with COLL_EPEERLOST, as a collective would), the communicator's timeout and,
  * for blocking calls and coll_req_free, the interrupt callback (Ctrl-C); asks the peers it
- * waits for for help; and past HBMCOLL_STALL_WARN says who it waits for (the warn callback),
- * as collectives do. A failure of the communicator, from any rank, ends every wait. A timeout
+ * waits for for help (at 20 ms, then at doubling intervals up to 320 ms); and past
+ * HBMCOLL_STALL_WARN says who it waits for (the warn callback), as collectives do. A failure of the communicator, from any rank, ends every wait. A timeout
  * or an interrupt of a blocking call withdraws its operation (a receive never matched, a send
  * never taken) and leaves the communicator usable; only a send cut half way through the
  * channel in pieces cannot be withdrawn, and fails the communicator.
@@ -53,6 +53,7 @@
                                  * message takes 20 us) */
 #define P2P_PREEMPTED_S 30e-6   /* a spin step this long was preempted ... */
 #define P2P_LOADED_S 1.0        /* ... and waits sleep at once for this long */
+#define P2P_ASK_MAX_S 0.32      /* a waiter asks its peers for help at most this far apart */
 #define P2P_DEEP_S 0.001        /* unexpected large messages pulled aside after this long */
 
 static pthread_mutex_t p2p_make_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -207,7 +208,7 @@ static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocki
       if ((i & 255) == 255 && coll__aborted(c)) rc = coll__aborted(c);
     }
   }
-  double next_check = start + P2P_CHECK_S;
+  double next_check = start + P2P_CHECK_S, ask_every = P2P_CHECK_S, next_ask = start + P2P_CHECK_S;
   double stall = c->params.stall_warn_s, next_warn = stall > 0 ? start + stall : INFINITY;
   coll__p2p_bell_t *bell = &p->bells[p->rank];
   while (rc == 0) {
@@ -245,7 +246,11 @@ static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocki
       rc = COLL_EINTERRUPTED;
       break;
     }
-    p2p_ask_peers(p, op);
+    if (now >= next_ask) { /* 20 ms, then less and less often: a long wait costs its peers little */
+      p2p_ask_peers(p, op);
+      ask_every = ask_every * 2 < P2P_ASK_MAX_S ? ask_every * 2 : P2P_ASK_MAX_S;
+      next_ask = now + ask_every;
+    }
     if (now >= next_warn) {
       p2p_warn_stall(p, op, now - start);
       next_warn = start + 2 * (now - start); /* then at doubling intervals, as sync.c */

@@ -14,8 +14,8 @@
  *
  * When it runs. Costs nothing on the fast path: asleep on its own futex word (`help`, in the
  * rank's doorbell line) while nobody needs it, woken only
- *  - by a peer whose wait for this rank has lasted P2P_CHECK_S (20 ms; p2p.c asks at every
- *    check): it then makes one deep step (every channel, every queue, unexpected rendezvous
+ *  - by a peer whose wait for this rank has lasted 20 ms (p2p.c asks then, and again at
+ *    doubling intervals up to 320 ms): it then makes one deep step (every channel, every queue, unexpected rendezvous
  *    pulled into buffers of their own, so their senders go on), and
  *  - to stop, at coll_comm_free.
  * After a step, if this rank still has work only it can move (coll__p2p_pending: a send not
@@ -26,7 +26,7 @@
  * the cells, asked for once, streams at the pace of its receiver.
  *
  * Why it cannot hang: a waiter asks every rank it may wait for (its peer, or all of them for
- * ANY_SOURCE) every 20 ms; each ask wakes that rank's helper, which steps with the lock (no
+ * ANY_SOURCE) at least every 320 ms; each ask wakes that rank's helper, which steps with the lock (no
  * one holds it across a sleep) and, while its rank has work, keeps stepping on every ring.
  * What remains is a peer process that never made a point-to-point call (it has no helper: a
  * message it never asked for cannot be pending for it except unexpected ones; those wait for
