@@ -56,7 +56,9 @@ static int hb_comm_usable(hb_comm_t *self) {
   return 0;
 }
 
-static PyObject *hb_comm_error(hb_comm_t *self, int rc) {
+PyObject *hb_comm_raise(hb_comm_t *self, int rc);
+static PyObject *hb_comm_error(hb_comm_t *self, int rc) { return hb_comm_raise(self, rc); }
+PyObject *hb_comm_raise(hb_comm_t *self, int rc) {
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   const char *text = NULL;
   int code = coll_comm_error(self->comm, &text);
@@ -301,6 +303,10 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   (void)unused;
   if (self->comm == NULL) Py_RETURN_NONE;
   if (hb_comm_lock(self) != 0) return NULL;
+  if (hb_p2p_drain(self) != 0) { /* another thread's send/recv: wait for it */
+    hb_comm_unlock(self);
+    return NULL;
+  }
   coll_comm_t *c = self->comm;
   int rc;
   char text[320];
@@ -378,6 +384,11 @@ static PyMethodDef comm_methods[] = {
     {"start", (PyCFunction)(void (*)(void))comm_start, METH_FASTCALL,
      "start(kind, send, recv, op, root) -> Request"},
     {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
+    {"send", (PyCFunction)(void (*)(void))hb_comm_send, METH_FASTCALL, "send(buf, dest, tag): blocking send"},
+    {"recv", (PyCFunction)(void (*)(void))hb_comm_recv, METH_FASTCALL,
+     "recv(buf, source, tag) -> (source, tag, nbytes): blocking receive"},
+    {"isend", (PyCFunction)(void (*)(void))hb_comm_isend, METH_FASTCALL, "isend(buf, dest, tag) -> P2PRequest"},
+    {"irecv", (PyCFunction)(void (*)(void))hb_comm_irecv, METH_FASTCALL, "irecv(buf, source, tag) -> P2PRequest"},
     {"set_algorithm", (PyCFunction)comm_set_algorithm, METH_VARARGS, "force an algorithm"},
     {"arena_alloc", (PyCFunction)hb_comm_arena_alloc, METH_VARARGS, "arena_alloc(nbytes) -> ArenaBuffer"},
     {"close", (PyCFunction)comm_close, METH_NOARGS, "release the communicator"},
@@ -445,16 +456,18 @@ static int hb_exec(PyObject *m) {
   if (hb_errors_init(st, m) < 0) return -1;
   st->CommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &comm_spec, NULL);
   st->RequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_request_spec, NULL);
+  st->P2PRequestType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_p2p_request_spec, NULL);
   st->ArenaBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_arena_spec, NULL);
   st->PlacementType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_placement_spec, NULL);
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
   st->PoolMemoryType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_pool_memory_spec, NULL);
   st->MemServeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_memserve_spec, NULL);
   st->HierType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_hier_spec, NULL);
-  if (!st->CommType || !st->RequestType || !st->ArenaBufferType || !st->PlacementType || !st->BridgeType ||
-      !st->PoolMemoryType || !st->MemServeType || !st->HierType)
+  if (!st->CommType || !st->RequestType || !st->P2PRequestType || !st->ArenaBufferType || !st->PlacementType ||
+      !st->BridgeType || !st->PoolMemoryType || !st->MemServeType || !st->HierType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
+      PyModule_AddType(m, st->P2PRequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
       PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0 ||
       PyModule_AddType(m, st->MemServeType) < 0 || PyModule_AddType(m, st->HierType) < 0)
@@ -474,6 +487,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->from_code);
   Py_VISIT(st->CommType);
   Py_VISIT(st->RequestType);
+  Py_VISIT(st->P2PRequestType);
   Py_VISIT(st->ArenaBufferType);
   Py_VISIT(st->PlacementType);
   Py_VISIT(st->BridgeType);
@@ -488,6 +502,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->from_code);
   Py_CLEAR(st->CommType);
   Py_CLEAR(st->RequestType);
+  Py_CLEAR(st->P2PRequestType);
   Py_CLEAR(st->ArenaBufferType);
   Py_CLEAR(st->PlacementType);
   Py_CLEAR(st->BridgeType);

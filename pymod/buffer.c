@@ -63,7 +63,7 @@ static int buf_dl_dtype(hb_dl_dtype_t t, coll_dtype_t *dt) {
   return 0;
 }
 
-static int buf_from_dlpack(PyObject *obj, const char *name, hb_buf_t *b) {
+static int buf_from_dlpack(PyObject *obj, const char *name, int any_dtype, hb_buf_t *b) {
   PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
   if (cap == NULL) return -1;
   hb_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
@@ -77,7 +77,9 @@ static int buf_from_dlpack(PyObject *obj, const char *name, hb_buf_t *b) {
                  t->device.device_type);
     goto fail;
   }
-  if (buf_dl_dtype(t->dtype, &b->dtype) != 0) {
+  if (any_dtype) {
+    b->dtype = COLL_UINT8;
+  } else if (buf_dl_dtype(t->dtype, &b->dtype) != 0) {
     PyErr_Format(PyExc_TypeError, "%s: unsupported dtype (DLPack code %d, %d bits)", name,
                  t->dtype.code, t->dtype.bits);
     goto fail;
@@ -96,7 +98,7 @@ static int buf_from_dlpack(PyObject *obj, const char *name, hb_buf_t *b) {
   }
   b->capsule = cap;
   b->ptr = (char *)t->data + t->byte_offset;
-  b->nbytes = n * coll_dtype_size(b->dtype);
+  b->nbytes = any_dtype ? n * (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8) : n * coll_dtype_size(b->dtype);
   return 0;
 fail:
   Py_DECREF(cap); /* still named "dltensor": its destructor frees the tensor */
@@ -131,11 +133,46 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b) {
     b->nbytes = (size_t)b->view.len;
     return 0;
   }
-  if (PyObject_HasAttrString(obj, "__dlpack__")) return buf_from_dlpack(obj, name, b);
+  if (PyObject_HasAttrString(obj, "__dlpack__")) return buf_from_dlpack(obj, name, 0, b);
   PyErr_Format(PyExc_TypeError,
                "%s must support the buffer protocol or __dlpack__ (NumPy array, torch tensor, "
                "bytearray, memoryview), not %.100s",
                name, Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+/* Point-to-point moves bytes: any element type, and misuse is hbmcoll.ArgumentError, as the
+ * Python API has always said it (send/recv take C-contiguous buffers, a writable one to receive). */
+int hb_buf_get_bytes(PyObject *obj, int writable, const char *name, hb_buf_t *b) {
+  memset(b, 0, sizeof *b);
+  if (hb_np_get(obj, writable, b) == 0) return 0;
+  if (hb_torch_get(obj, b) == 0) return 0;
+  if (PyObject_CheckBuffer(obj)) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+      PyErr_Clear();
+      Py_buffer probe;
+      int readonly = writable && PyObject_GetBuffer(obj, &probe, PyBUF_C_CONTIGUOUS) == 0;
+      if (readonly) PyBuffer_Release(&probe);
+      PyErr_Clear();
+      hb_bad_arg(readonly ? "%s: the buffer is read-only" : "%s take C-contiguous buffers", name);
+      return -1;
+    }
+    b->has_view = 1;
+    b->dtype = COLL_UINT8;
+    b->ptr = b->view.buf;
+    b->nbytes = (size_t)b->view.len;
+    return 0;
+  }
+  if (PyObject_HasAttrString(obj, "__dlpack__")) {
+    if (buf_from_dlpack(obj, name, 1, b) == 0) return 0;
+    if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      hb_bad_arg("%s take contiguous CPU tensors", name);
+    }
+    return -1;
+  }
+  PyErr_Format(PyExc_TypeError, "%s take objects with the buffer protocol or __dlpack__ (NumPy "
+               "array, torch tensor, bytearray, memoryview), not %.100s", name, Py_TYPE(obj)->tp_name);
   return -1;
 }
 

@@ -11,7 +11,7 @@
 
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
-  PyTypeObject *CommType, *RequestType, *ArenaBufferType, *PlacementType, *BridgeType,
+  PyTypeObject *CommType, *RequestType, *P2PRequestType, *ArenaBufferType, *PlacementType, *BridgeType,
       *PoolMemoryType, *MemServeType, *HierType;
 } hb_state_t;
 
@@ -39,6 +39,8 @@ typedef struct {
   Py_ssize_t arena_live; /* ArenaBuffers not yet released */
   unsigned long owner_thread; /* the only thread that may issue collectives ... */
   int any_thread;             /* ... unless the caller orders them itself (torch backend) */
+  atomic_int p2p_users;       /* point-to-point calls in flight (p2p.c: they take no lock) */
+  int p2p_closing;            /* close() waits for them and refuses new ones */
 } hb_comm_t;
 
 /* buffer.c */
@@ -47,6 +49,8 @@ int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
  * thread) when one raised, e.g. KeyboardInterrupt on Ctrl-C. */
 int hb_interrupt(void *arg);
 void hb_buf_release(hb_buf_t *b);
+/* The same for point-to-point: raw bytes of any element type; misuse is ArgumentError. */
+int hb_buf_get_bytes(PyObject *obj, int writable, const char *name, hb_buf_t *b);
 void hb_buf_alias(hb_buf_t *b, const hb_buf_t *of); /* b: the same buffer as of, held again */
 
 /* numpy_fast.c: 0 = filled from a plain ndarray, 1 = not handled (use the buffer protocol) */
@@ -76,6 +80,17 @@ PyObject *hb_comm_arena_alloc(hb_comm_t *self, PyObject *args); /* Comm.arena_al
 /* request.c */
 extern PyType_Spec hb_request_spec;
 PyObject *hb_request_new(hb_comm_t *comm, coll_req_t *req, hb_buf_t *sb, hb_buf_t *rb);
+
+/* p2p.c: Comm.send/recv/isend/irecv (coll_send, ...) and their requests */
+extern PyType_Spec hb_p2p_request_spec;
+PyObject *hb_comm_send(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *hb_comm_recv(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *hb_comm_isend(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *hb_comm_irecv(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
+/* close(): refuse new point-to-point calls and wait for those in flight; -1 (KeyboardInterrupt) */
+int hb_p2p_drain(hb_comm_t *self);
+/* _core.c: the exception of a failed call (KeyboardInterrupt already set for COLL_EINTERRUPTED) */
+PyObject *hb_comm_raise(hb_comm_t *self, int rc);
 
 /* placement.c */
 extern PyType_Spec hb_placement_spec;

@@ -270,6 +270,84 @@ int coll_req_test(coll_req_t *req, int *result_p);
 /* Release a request; waits for it first if it is still running. */
 void coll_req_free(coll_req_t *req);
 
+/* ---- point-to-point ----------------------------------------------------- */
+/* Messages between two ranks of a communicator, as MPI's: through the communicator's shared
+ * segment (a channel per ordered pair of ranks), never waiting for a rank that takes no part,
+ * and apart from the collectives (their rounds and slots are untouched: both may be used in
+ * turn on one communicator). Messages from one rank to another are matched in the order they
+ * were sent (MPI's non-overtaking rule); a receive takes the first message from its source
+ * (any, with COLL_ANY_SOURCE) whose tag matches (any, with COLL_ANY_TAG). Tags are >= 0.
+ * A send to this rank itself works. Point-to-point calls may come from any thread, at once
+ * (a lock per communicator guards their state, held only for short steps); every wait of one
+ * of them moves every pending point-to-point operation of this rank along, so MPI's
+ * irecv-send-wait never deadlocks. */
+#define COLL_ANY_SOURCE (-1)
+#define COLL_ANY_TAG (-1)
+
+/* What a receive took: the sender's rank, its tag and the message's length in bytes (also
+ * when that was more than the buffer held: then the receive returned COLL_EMISMATCH). */
+typedef struct {
+  int source;
+  int tag;
+  size_t bytes;
+} coll_status_t;
+
+/* Blocking: send buf[0..bytes) to rank `dest` with `tag`; returns once buf may be reused.
+ * Up to COLL_P2P_EAGER_MAX bytes that is as soon as the message is in the channel (the
+ * receiver need not be there yet); a longer message waits for the receiver to take it
+ * (it copies straight from buf, or buf goes through the channel in pieces; see p2p.c).
+ * Returns 0; COLL_EBADARG (NULL comm, NULL buf with bytes > 0, dest out of range, tag < 0:
+ * found before anything travels); COLL_EFORKED; the communicator's failure if it has one
+ * (COLL_EPEERLOST when dest died or left while this send waited for it; the communicator is
+ * then failed, as a collective fails it); -ETIMEDOUT after the communicator's timeout, or
+ * COLL_EINTERRUPTED when its interrupt check said so: the message is withdrawn (never
+ * delivered) and the communicator stays usable, unless it was half way through the channel
+ * in pieces, which fails the communicator with that code; -ENOMEM. */
+int coll_send(coll_comm_t *comm, const void *buf, size_t bytes, int dest, int tag);
+
+/* Blocking: receive the first matching message (source: a rank or COLL_ANY_SOURCE; tag: >= 0
+ * or COLL_ANY_TAG) into buf[0..bytes). A shorter message fills the front of buf. Returns 0 and
+ * *status_p (if not NULL: source, tag, bytes that came); COLL_EMISMATCH when the message was
+ * longer than buf: buf holds its first `bytes` bytes, *status_p says its whole length, and the
+ * message is consumed (this call only: the communicator stays usable); COLL_EBADARG (NULL comm,
+ * NULL buf with bytes > 0, source or tag out of range); COLL_EFORKED; the communicator's
+ * failure (COLL_EPEERLOST when source died or left with no matching message sent: it fails the
+ * communicator); -ETIMEDOUT (the communicator's timeout) or COLL_EINTERRUPTED: the receive is
+ * withdrawn and no later message lands in buf (the communicator stays usable); -ENOMEM. */
+int coll_recv(coll_comm_t *comm, void *buf, size_t bytes, int source, int tag, coll_status_t *status_p);
+
+/* Nonblocking: start the send (receive) and return at once with *req_p, a request for
+ * coll_req_wait/test/free (and coll_req_status, coll_req_cancel). buf must stay valid and
+ * unchanged (unread) until the request completes. A send's request completes when coll_send
+ * would have returned; its result is what coll_send would have returned (but a withdrawn
+ * send is never a result: see coll_req_wait). Returns 0 and *req_p; COLL_EBADARG, COLL_EFORKED,
+ * the communicator's failure, or -ENOMEM, with nothing started. */
+int coll_isend(coll_comm_t *comm, const void *buf, size_t bytes, int dest, int tag, coll_req_t **req_p);
+int coll_irecv(coll_comm_t *comm, void *buf, size_t bytes, int source, int tag, coll_req_t **req_p);
+
+/* For a point-to-point request, coll_req_wait moves this rank's point-to-point operations along
+ * while it waits (spinning briefly, then asleep in the kernel) and returns the operation's
+ * result (0, COLL_EMISMATCH, the communicator's failure, COLL_EABORTED if the communicator was
+ * freed first), or -ETIMEDOUT when timeout_s, or the communicator's timeout, ran out first: the
+ * request goes on. coll_req_test makes one such step. coll_req_free of an unfinished receive
+ * withdraws it if no message matched it yet, else (and for a send) waits for it first, and
+ * the interrupt callback ends that wait: the operation is withdrawn (a send half way through
+ * the channel in pieces cannot be, and fails the communicator). A rank's posted operations
+ * also move while it is elsewhere (in a collective, computing): a helper thread, started at
+ * its first point-to-point call, acts for it when a peer has waited for it a while. */
+
+/* A completed receive's status: 0 and *status_p; COLL_EBADARG for NULL pointers, a request that
+ * is not a receive, or one not finished yet. */
+int coll_req_status(coll_req_t *req, coll_status_t *status_p);
+/* Withdraw a receive no message has matched yet: 0, and it completes with -ECANCELED (nothing
+ * lands in its buffer); -EBUSY when a message already matched it, or it is a send or a
+ * collective (they cannot be withdrawn); -EALREADY when it has completed; COLL_EBADARG (NULL). */
+int coll_req_cancel(coll_req_t *req);
+
+/* The longest message a send hands over without waiting for its receiver (one cell of the
+ * channel, less its header). */
+#define COLL_P2P_EAGER_MAX 4032
+
 /* The tree small collectives use when there are more than COLL_TREE_FANOUT ranks (and
  * with HBMCOLL_ALGO=<kind>=tree at any size): ranks ordered by pu (the first CPU each may run
  * on; < 0 unknown, after every known one; ties by rank); ranks with the same tile (an id of

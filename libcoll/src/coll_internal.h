@@ -3,7 +3,8 @@
  *
  * The shared segment (one memfd per communicator) is laid out as
  *
- *   [ header | ctl[0..P-1] | slots: P x 2 parities x slot_bytes | arena: P x arena_bytes ]
+ *   [ header | ctl[0..P-1] | slots: P x 2 parities x slot_bytes | arena: P x arena_bytes |
+ *     point-to-point: P doorbells, P x P channels (p2p.h) ]
  *
  * ctl[r] is written only by rank r (single writer), except `sleepers`, which
  * waiters bump before they sleep on r's futex word. Every collective walks
@@ -26,7 +27,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3038ull /* "hbcoll08": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3039ull /* "hbcoll09": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -56,6 +57,8 @@ typedef struct {
   uint64_t pidns;       /* inode of its PID namespace, 0 unknown: is `pid` ours too? */
   uint64_t cma_addr, cma_value; /* single-copy probe word (cma.c) */
   _Atomic int32_t cma_ok;       /* 1: read every peer's probe, 2: could not */
+  _Atomic int32_t p2p_cma;      /* the same for point-to-point (whatever HBMCOLL_CMA says, unless
+                                 * HBMCOLL_P2P_CMA=0): 1 it pulls large messages itself */
   /* lines 2-3: written once at creation */
   _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
   int32_t pu, tile, cluster; /* its first CPU, its L2's, its NUMA node (-1 none): its place in
@@ -77,6 +80,8 @@ typedef struct {
                         * single copy (when every rank allows it and it works between every
                         * pair: coll_comm_t.cma) */
   uint64_t cma_min;    /* creator's HBMCOLL_CMA_MIN: a gather's ranks all choose alike */
+  uint64_t p2p_off, p2p_cells, p2p_stride; /* point-to-point area (p2p.h): where, cells per
+                                            * channel, bytes per channel */
   /* failure state shared by all ranks: first writer wins */
   _Atomic int32_t abort_code;
   _Atomic int32_t abort_rank;
@@ -101,12 +106,15 @@ typedef struct {
   int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
+  size_t p2p_cells;         /* point-to-point cells per ordered pair (HBMCOLL_P2P_CELLS) */
+  int p2p_cma;              /* HBMCOLL_P2P_CMA: 0 never pull large messages with CMA */
   int pipeline_chunks;      /* HBMCOLL_PIPELINE_CHUNKS: the allreduce across nodes' chunks, 0 measured */
 } coll__params_t;
 
 typedef struct coll__arena coll__arena_t;
 typedef struct coll__tree coll__tree_t;
 typedef struct coll__worker coll__worker_t;
+typedef struct coll__p2p coll__p2p_t;
 
 struct coll_comm {
   int rank, size;
@@ -158,6 +166,7 @@ struct coll_comm {
   uint64_t cma_probe; /* the word peers read to test single copy */
   int cma;            /* single copy works between every pair (same on all ranks) */
   const char *algorithm; /* what the last collective ran as (a static string: logs, timeline) */
+  coll__p2p_t *p2p;      /* point-to-point state, made at the first call (p2p.c) */
 };
 
 /* ---- param.c ---- */
@@ -201,6 +210,9 @@ void coll__warn(coll_comm_t *c, const char *fmt, ...) __attribute__((format(prin
 /* The caller's collectives numbered from 1 (creation's barriers not counted). */
 static inline uint64_t coll__call_number(const coll_comm_t *c) { return c->seq - c->extra_seq; }
 void coll__wake_all(coll_comm_t *c);
+/* 0 while `peer`'s process lives and it has not left; 1 it died; 2 it left (closed the
+ * communicator, or exited normally). */
+int coll__peer_gone(coll_comm_t *c, int peer);
 
 /* ---- collective.c: the dispatcher ---- */
 int coll__check_args(const coll_comm_t *c, const coll_args_t *a);
@@ -240,6 +252,23 @@ int coll__worker_pending(coll__worker_t *w);
 void coll__worker_end(coll__worker_t **w_p);
 /* In a fork()ed child: drop the parent's worker without joining it. */
 void coll__worker_forget(coll_comm_t *c);
+
+/* ---- p2p*.c: point-to-point (p2p.h) ---- */
+/* At creation, between the two barriers: can this rank read every peer (ctl.p2p_cma)? */
+void coll__p2p_probe(coll_comm_t *c);
+/* Ring every rank's point-to-point doorbell (failures, leaving). */
+void coll__p2p_wake_all(coll_comm_t *c);
+/* At coll_comm_free: requests still pending fail with COLL_EABORTED. */
+void coll__p2p_destroy(coll_comm_t *c);
+struct coll__p2p_op;
+/* request.c: a request around a point-to-point operation (owned by the request). */
+int coll__req_wrap_p2p(struct coll__p2p_op *op, coll_req_t **req_p);
+/* p2p.c: the request operations for point-to-point requests. */
+int coll__p2p_req_wait(struct coll__p2p_op *op, double timeout_s);
+int coll__p2p_req_test(struct coll__p2p_op *op, int *result_p);
+void coll__p2p_req_free(struct coll__p2p_op *op);
+int coll__p2p_req_status(struct coll__p2p_op *op, coll_status_t *status_p);
+int coll__p2p_req_cancel(struct coll__p2p_op *op);
 
 /* ---- comm.c ---- */
 /* Bumped in every fork()ed child (pthread_atfork): a communicator made in an

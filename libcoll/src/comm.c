@@ -20,6 +20,7 @@
 
 #include "coll_internal.h"
 #include "tree.h"
+#include "p2p.h"
 
 #define COMM_PAGE 4096
 #define COMM_ALIGN(x, a) (((x) + (a)-1) & ~(size_t)((a)-1))
@@ -44,6 +45,12 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->cma_kinds = (p->cma == 1 || p->cma == 2 ? 1u << COLL_GATHER : 0) |
                  (p->cma == 1 || p->cma == 3 ? 1u << COLL_BCAST : 0);
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
+  /* point-to-point last (p2p.h): not pre-faulted, so only the channels of pairs that talk
+   * ever take memory */
+  h->p2p_cells = p->p2p_cells;
+  h->p2p_stride = COLL_P2P_CHAN_HEAD + p->p2p_cells * COLL_P2P_CELL;
+  h->p2p_off = COMM_ALIGN(h->total_bytes, COMM_PAGE);
+  h->total_bytes = h->p2p_off + (size_t)size * COLL_LINE + (size_t)size * (size_t)size * h->p2p_stride;
 }
 
 /* Huge pages for the arena where the kernel grants them to shared memory
@@ -192,6 +199,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   if (rc == 0) { /* single copy: every rank tries every peer, then all agree */
     if (c->rank == 0) c->hdr->roomy = coll__job_cpus(c) >= c->size; /* all CPU masks are in */
     coll__cma_check_peers(c);
+    coll__p2p_probe(c);
     rc = coll__execute(c, &barrier);
     coll__cma_agree(c);
   }
@@ -308,6 +316,7 @@ void coll_comm_free(coll_comm_t *c) {
     coll__worker_forget(c);
   else
     coll__worker_stop(c);
+  coll__p2p_destroy(c); /* its pending requests fail; it no longer touches the mapping */
   coll_comm_leave(c);
   coll__arena_destroy(c);
   coll__tree_free(c);

@@ -32,6 +32,11 @@
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB; the
  *                        creating rank's value holds for all)
  *   Every byte count above also takes "auto": its default.
+ *   HBMCOLL_P2P_CELLS    point-to-point cells (4 KiB each) per ordered pair of ranks (default 8,
+ *                        at least 2; p2p.h; the creating rank's value holds for all)
+ *   HBMCOLL_P2P_CMA      0: point-to-point never pulls a large message straight from the
+ *                        sender's memory, it goes through the cells (default 1: where the
+ *                        kernel allows it)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
@@ -123,6 +128,25 @@ static int param_size(const char *name, size_t dflt, size_t min, size_t *v_p, ch
     return param_bad(err, errlen, name, s, takes);
   }
   *v_p = (size_t)(v << shift);
+  return 0;
+}
+
+/* A count of things (not bytes: no K/M/G): from min to max, or "auto" for dflt. */
+static int param_count(const char *name, size_t dflt, size_t min, size_t max, const char *things,
+                       size_t *v_p, char *err, size_t errlen) {
+  const char *s = getenv(name);
+  *v_p = dflt;
+  if (s == NULL || *s == '\0' || strcasecmp(s, "auto") == 0) return 0;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s || *end != '\0' || s[0] == '-' || errno == ERANGE || v < min || v > max) {
+    char takes[96];
+    snprintf(takes, sizeof takes, "give a number of %s from %zu to %zu, or 'auto' (%zu)", things, min, max,
+             dflt);
+    return param_bad(err, errlen, name, s, takes);
+  }
+  *v_p = (size_t)v;
   return 0;
 }
 
@@ -231,6 +255,9 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
   if (rc == 0) rc = param_algo_list(p, err, errlen);
   if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
   if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);
+  static const char *const onoff[] = {"0", "1", NULL};
+  if (rc == 0) rc = param_count("HBMCOLL_P2P_CELLS", 8, 2, 4096, "cells", &p->p2p_cells, err, errlen);
+  if (rc == 0) rc = param_word("HBMCOLL_P2P_CMA", onoff, 1, &p->p2p_cma, err, errlen);
   const char *rep = getenv("HBMCOLL_REP_MOVSB_MIN");
   if (rc == 0 && rep && strcasecmp(rep, "off") == 0)
     p->rep_movsb_min = SIZE_MAX;

@@ -77,6 +77,7 @@ void coll__wake_all(coll_comm_t *c) {
     atomic_fetch_add_explicit(&c->ctl[r].wake, 1, memory_order_seq_cst);
     syscall(SYS_futex, &c->ctl[r].wake, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
   }
+  coll__p2p_wake_all(c); /* point-to-point waiters sleep on doorbells of their own */
 }
 
 int coll__fail(coll_comm_t *c, int code, const char *fmt, ...) {
@@ -139,6 +140,19 @@ int coll__check_abort(coll_comm_t *c) {
  * waited for counts, and only if its flag is still short: a rank may finish
  * its part of the last collective and leave while others still wait on a
  * third rank (a waiter on a dead rank always finds out itself). */
+int coll__peer_gone(coll_comm_t *c, int peer) {
+  int dead = 0;
+  if (c->pidfd[peer] >= 0) {
+    struct pollfd pfd = {c->pidfd[peer], POLLIN, 0};
+    dead = poll(&pfd, 1, 0) > 0;
+  } else if (c->ctl[peer].pid > 0 && c->ctl[peer].pidns != 0 &&
+             c->ctl[peer].pidns == c->ctl[c->rank].pidns) {
+    dead = kill(c->ctl[peer].pid, 0) != 0 && errno == ESRCH;
+  }
+  if (dead) return 1;
+  return atomic_load_explicit(&c->ctl[peer].left, memory_order_acquire) ? 2 : 0;
+}
+
 static int sync_check_peer(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t target) {
   int dead = 0;
   if (c->pidfd[peer] >= 0) {

@@ -47,6 +47,11 @@ static const coll_variable_t variables[] = {
       "(`process_vm_readv`/`writev`) where the kernel allows it; `gather` or `bcast`: that one only; "
       "measured by the tune", "0"),
     V("CMA_MIN", "core", "with `HBMCOLL_CMA` on, single copy from this many bytes; measured by the tune", "256K"),
+    V("P2P_CELLS", "core", "point-to-point: 4 KiB cells per ordered pair of ranks (at least 2); a message of "
+      "up to 4032 bytes takes one, longer ones flow through them where they cannot be read straight from "
+      "the sender; only pairs that talk use memory", "8"),
+    V("P2P_CMA", "core", "`0`: point-to-point never reads a large message straight from the sender's memory "
+      "(`process_vm_readv`), it flows through the cells", "1 (where the kernel allows it)"),
     V("SPIN", "core", "spin iterations before yielding", "long when every rank has a core, short when "
       "oversubscribed"),
     V("TUNE", "python", "`off`: ignore this host's cache of measured thresholds (`python -m hbmcoll.tune`)",

@@ -10,7 +10,7 @@ import hashlib
 from . import _core, timeline
 from .errors import ArgumentError
 from .objects import ObjectCollectives
-from .p2p import Channels, PointToPoint, listen, secret_of
+from .p2p import ANY_SOURCE, ANY_TAG, PointToPoint, Status, secret_of
 from .vcoll import VariableCollectives
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
@@ -107,19 +107,12 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
         self.launcher = launcher
         self._placement = placement
         self._timeout = timeout if timeout is not None else _core.env_check()
-        # send/recv (p2p.py): every rank listens on a socket named by the secret, from the key the
-        # ranks met by; bound before they met (listener), or here, and then a barrier says so
-        self._secret = secret if secret is not None else secret_of(key)
+        # send/recv run in C through the shared segment (libcoll/src/p2p*.c); the secret names
+        # split communicators; a socket bound for the old path (listener) is not needed
+        self._secret = secret if secret is not None else secret_of(key or "")
         self._splits = 0
-        try:
-            self._p2p = Channels(self, self._secret, listener, timeout=self._timeout)
-            if listener is None:
-                self._c.run(_core.BARRIER)
-        except BaseException:
-            if getattr(self, "_p2p", None) is not None:
-                self._p2p.close()
-            core.close()
-            raise
+        if listener is not None:
+            listener.close()
 
     @property
     def pu(self):
@@ -345,7 +338,6 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
 
     def close(self):
         """Leave the communicator (its segments go when the last rank has left)."""
-        self._p2p.close()
         self._c.close()
 
     def abort(self, reason=None):
@@ -363,7 +355,40 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
     def _transports(self):
         return ("shared memory" + (f" (single copy for large {' and '.join(self.single_copy)})"
                                    if self.single_copy else "") +
-                "; send/recv over Unix sockets")
+                "; send/recv over shared memory")
+
+    # -- point-to-point, in C through the shared segment (p2p.py says what the calls mean)
+    def send(self, buf, dest, tag=0):
+        """buf to rank dest; returns once buf may be reused (up to 4032 bytes at once; a longer
+        message once the receiver has taken it, or taken it aside while waiting itself)."""
+        self._c.send(buf, dest, tag)
+
+    def isend(self, buf, dest, tag=0):
+        """send in the background: a Request; buf must stay unchanged until it is done."""
+        return _SendRequest(self._c.isend(buf, dest, tag), self._timeout or None)
+
+    def recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """The first message from source (any: ANY_SOURCE) with tag (any: ANY_TAG) into buf;
+        returns buf. status (a Status) gets the source, tag and byte count."""
+        got = self._c.recv(buf, source, tag)
+        if status is not None:
+            status.source, status.tag, status.nbytes = got
+        return buf
+
+    def irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """recv in the background: a Request whose wait() gives buf and whose .status says what came."""
+        return _RecvRequest(self._c.irecv(buf, source, tag), buf, status, self._timeout or None)
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, status=None):
+        """sendbuf to dest and a message from source into recvbuf at once (no deadlock when two
+        ranks swap); returns recvbuf."""
+        got = _RecvRequest(self._c.irecv(recvbuf, source, recvtag), recvbuf, status, self._timeout or None)
+        try:
+            self._c.send(sendbuf, dest, sendtag)
+        except BaseException:
+            got._req.cancel()  # no later message lands in recvbuf
+            raise
+        return got.wait()
 
     # Horovod's cross rank and size: which node among those with this local rank, and how many
     # (a NodesCommunicator's differ)
@@ -377,16 +402,10 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
 
 
 def meet(rank, size, key, timeout, placement, launcher, local_rank=None, local_size=None, wait=None):
-    """The Communicator of the ranks that meet under key (_core.Comm; timeout as it takes it):
-    each binds its send/recv socket first, so all are bound once they have met. wait: the
-    communicator's limit on a wait (default: HBMCOLL_TIMEOUT)."""
-    listener = listen(secret_of(key), rank)
-    try:
-        core = _core.Comm(rank, size, key, timeout, placement)
-    except BaseException:
-        listener.close()
-        raise
-    return Communicator(core, local_rank, local_size, launcher, placement, wait, key=key, listener=listener)
+    """The Communicator of the ranks that meet under key (_core.Comm; timeout as it takes it).
+    wait: the communicator's limit on a wait (default: HBMCOLL_TIMEOUT)."""
+    core = _core.Comm(rank, size, key, timeout, placement)
+    return Communicator(core, local_rank, local_size, launcher, placement, wait, key=key)
 
 
 def empty(shape, dtype="float32", comm=None):
@@ -406,3 +425,48 @@ def empty(shape, dtype="float32", comm=None):
     node = getattr(comm, "_local", comm)  # across nodes: the arena of this node's communicator
     raw = node._c.arena_alloc(n * dt.itemsize)
     return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
+
+
+class _SendRequest:
+    """An isend in flight: wait() returns None once buf may be reused."""
+
+    __slots__ = ("_req", "_timeout")
+
+    def __init__(self, req, timeout):
+        self._req, self._timeout = req, timeout
+
+    def wait(self, timeout=None):
+        """None once done; hbmcoll.TimeoutError after timeout seconds (default: the communicator's
+        limit, if any), and the send stays in flight."""
+        self._req.wait(self._timeout if timeout is None else timeout)
+
+    def test(self):
+        return self._req.test()
+
+    @property
+    def done(self):
+        return self._req.done
+
+
+class _RecvRequest:
+    """An irecv in flight: wait() gives the buffer, .status what came."""
+
+    __slots__ = ("_req", "_buf", "status", "_timeout")
+
+    def __init__(self, req, buf, status, timeout):
+        self._req, self._buf, self._timeout = req, buf, timeout
+        self.status = status if status is not None else Status()
+
+    def wait(self, timeout=None):
+        """buf once the message is in; hbmcoll.TimeoutError after timeout seconds (default: the
+        communicator's limit, if any), and then no later message lands in buf."""
+        self.status.source, self.status.tag, self.status.nbytes = self._req.wait(
+            self._timeout if timeout is None else timeout)
+        return self._buf
+
+    def test(self):
+        return self._req.test()
+
+    @property
+    def done(self):
+        return self._req.done

@@ -1,6 +1,7 @@
-"""Point-to-point messages (p2p.py): send/recv/isend/irecv/sendrecv between ranks of one node,
-against what each rank knows it should get; tags, ANY_SOURCE, sizes, the irecv-send-wait
-pattern, a dead sender, an intruder on a rank's socket, and misuse."""
+"""Point-to-point messages: send/recv/isend/irecv/sendrecv between ranks of one node (in C through
+the shared segment, libcoll/src/p2p*.c), against what each rank knows it should get; tags,
+ANY_SOURCE, sizes, the irecv-send-wait pattern, a dead sender, misuse; and an intruder on the
+socket path (p2p.Channels, which the communicator across nodes keeps)."""
 import signal
 import socket
 import time
@@ -130,18 +131,27 @@ def test_a_receive_from_a_rank_that_was_killed_is_peer_lost(start_ranks):
 
 
 def _intruder(comm):
-    if comm.rank == 0:
-        got = np.empty(1)
-        comm.recv(got, tag=9)
-        return got.tolist()
-    family, addr = comm._p2p.addrs[0]
-    fake = socket.socket(family, socket.SOCK_STREAM)  # knows the name, not the secret
-    fake.connect(addr)
-    fake.sendall(_HELLO.pack(1, b"\0" * 32) + _HEAD.pack(9, 8) + np.array([666.0]).tobytes())
-    time.sleep(0.3)
-    comm.send(np.array([42.0]), 0, tag=9)
-    fake.close()
-    return None
+    """Channels (the socket path, which the communicator across nodes keeps) made over a
+    one-node communicator: a connection without the secret is refused."""
+    from hbmcoll.p2p import Channels
+    channels = Channels(comm, b"s" * 32)
+    comm.barrier()  # every rank's socket is bound
+    try:
+        if comm.rank == 0:
+            got = np.empty(1)
+            channels.recv(got, tag=9)
+            return got.tolist()
+        family, addr = channels.addrs[0]
+        fake = socket.socket(family, socket.SOCK_STREAM)  # knows the name, not the secret
+        fake.connect(addr)
+        fake.sendall(_HELLO.pack(1, b"\0" * 32) + _HEAD.pack(9, 8) + np.array([666.0]).tobytes())
+        time.sleep(0.3)
+        channels.send(np.array([42.0]), 0, tag=9)
+        fake.close()
+        return None
+    finally:
+        comm.barrier()
+        channels.close()
 
 
 def test_a_connection_without_the_secret_is_refused(run_ranks):
@@ -169,3 +179,98 @@ def _misuse(comm):
 def test_misuse_is_refused_before_anything_travels(run_ranks):
     for said in run_ranks(2, _misuse):
         assert said == ["ArgumentError"] * 5 + ["TimeoutError"]
+
+
+def _isend_barrier_wait(comm, n):
+    """isend, then a collective, then wait, against recv then the collective: the send must move
+    while its rank is in the barrier (through the cells, only its helper thread can push it)."""
+    if comm.rank == 0:
+        req = comm.isend(np.arange(n, dtype=np.uint8) * 3, 1, tag=4)
+        comm.barrier()
+        req.wait()
+        return None
+    got = np.empty(n, np.uint8)
+    comm.recv(got, 0, tag=4)
+    comm.barrier()
+    return bool((got == np.arange(n, dtype=np.uint8) * 3).all())
+
+
+@pytest.mark.parametrize("cma", ["0", "1"])
+@pytest.mark.parametrize("n", [100, 16 << 20])
+def test_isend_then_barrier_then_wait_against_recv_then_barrier(run_ranks, n, cma):
+    assert run_ranks(2, _isend_barrier_wait, n, env={"HBMCOLL_P2P_CMA": cma}, timeout=40)[1] is True
+
+
+def _threads(comm):
+    """Rank 0: a thread blocked in recv(source=1) while the main thread sends to rank 1, whose
+    answer that thread receives. One lock held across the recv's wait would deadlock it."""
+    import threading
+    if comm.rank == 1:
+        got = np.empty(4)
+        comm.recv(got, 0, tag=1)
+        comm.send(got * 2, 0, tag=2)
+        return None
+    out, errors = np.zeros(4), []
+
+    def receive():
+        try:
+            comm.recv(out, source=1, tag=2)
+        except BaseException as exc:  # seen by the main thread
+            errors.append(repr(exc))
+
+    t = threading.Thread(target=receive)
+    t.start()
+    time.sleep(0.3)  # the thread is in its recv now
+    comm.send(np.arange(4.0), 1, tag=1)
+    t.join(20)
+    return (not t.is_alive()), errors, out.tolist()
+
+
+def test_a_thread_in_recv_does_not_block_a_send_from_another(run_ranks):
+    assert run_ranks(2, _threads, timeout=40)[0] == (True, [], [0.0, 2.0, 4.0, 6.0])
+
+
+def _dropped_send(comm):
+    """Rank 0 drops an unfinished 16 MiB isend (its buffer goes with it) while rank 1, which
+    never made a point-to-point call, sits outside the library: Ctrl-C must end the wait, the
+    send is withdrawn, and the communicator goes on."""
+    import ranks
+    if comm.rank == 1:
+        ranks.event("elsewhere")
+        comm.barrier()  # rank 0 comes once Ctrl-C has ended its wait
+        req = comm.irecv(np.empty(4 << 20, np.float32), 0, tag=5)
+        try:
+            req.wait(timeout=0.5)
+            return "the withdrawn message came"
+        except hbmcoll.TimeoutError:
+            return "nothing came"
+    req = comm.isend(np.ones(4 << 20, np.float32), 1, tag=5)
+    ranks.event("dropping")
+    interrupted = False
+    try:
+        del req  # waits for the send, as its buffer is in use
+        for _ in range(200):
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        interrupted = True
+    comm.barrier()
+    return interrupted
+
+
+def test_a_dropped_unfinished_send_honours_ctrl_c(start_ranks):
+    job = start_ranks(2, _dropped_send, timeout=60)
+    job.wait_event(1, "elsewhere")
+    job.wait_event(0, "dropping")
+    time.sleep(0.5)
+    job.signal(0, signal.SIGINT)
+    results = job.join()
+    assert [r.status for r in results] == ["ok", "ok"], job.report()
+    assert [r.value for r in results] == [True, "nothing came"]
+
+
+def test_p2p_cells_is_a_number_of_cells(monkeypatch):
+    monkeypatch.setenv("HBMCOLL_P2P_CELLS", "1")
+    with pytest.raises(hbmcoll.ArgumentError) as exc:
+        hbmcoll._core.env_check()
+    assert "HBMCOLL_P2P_CELLS" in str(exc.value) and "number of cells" in str(exc.value)
+    assert "byte count" not in str(exc.value)
