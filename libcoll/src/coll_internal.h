@@ -107,6 +107,7 @@ typedef struct {
 typedef struct coll__arena coll__arena_t;
 typedef struct coll__tree coll__tree_t;
 typedef struct coll__worker coll__worker_t;
+typedef struct coll__span coll__span_t;
 
 struct coll_comm {
   int rank, size;
@@ -158,6 +159,8 @@ struct coll_comm {
   uint64_t cma_probe; /* the word peers read to test single copy */
   int cma;            /* single copy works between every pair (same on all ranks) */
   const char *algorithm; /* what the last collective ran as (a static string: logs, timeline) */
+  coll__span_t *span; /* a communicator that spans nodes (nodes_comm.c): the public functions hand it
+                       * there; it has no segment of its own. NULL on one node. */
 };
 
 /* ---- param.c ---- */
@@ -240,6 +243,10 @@ int coll__worker_pending(coll__worker_t *w);
 void coll__worker_end(coll__worker_t **w_p);
 /* In a fork()ed child: drop the parent's worker without joining it. */
 void coll__worker_forget(coll_comm_t *c);
+
+/* ---- nodes_comm.c ---- */
+/* The communicator whose arena and settings a call uses: c, or the node's under a spanning c. */
+coll_comm_t *coll__comm_here(const coll_comm_t *c);
 
 /* ---- comm.c ---- */
 /* Bumped in every fork()ed child (pthread_atfork): a communicator made in an
