@@ -2,7 +2,10 @@
  * coll.h - the one public header of libcoll, hbmcoll's C core.
  *
  * libcoll runs collectives between the processes of one node over a shared
- * memory segment (memfd, passed between ranks over an abstract Unix socket).
+ * memory segment (memfd, passed between ranks over an abstract Unix socket),
+ * and, for a job that spans nodes (coll_job_create), between the nodes over the
+ * bridge: RDMA writes through libfabric (verbs on InfiniBand and RoCE, tcp
+ * elsewhere), composed with the node's shared memory in one coll_comm_t.
  *
  * Conventions (libuv/UCX style):
  *  - every int function returns 0 on success or a negative code: -errno for a
@@ -137,6 +140,67 @@ typedef struct {
  * own resources (the parent's communicator is not touched). */
 int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
 
+/* ---- a job that spans nodes ------------------------------------------- */
+/* Options of coll_job_create; a zeroed struct (or NULL) takes every default. */
+typedef struct {
+  double timeout_s;       /* hard limit for every wait; <= 0: HBMCOLL_TIMEOUT, else none (the
+                           * nodes then wait 900 s for each other at creation) */
+  coll_warn_fn warn;      /* optional: stall warnings, and the rendezvous' "has waited 10 s" */
+  void *warn_arg;
+  coll_place_fn place;    /* optional: as in coll_comm_config_t, for the node's segment */
+  void *place_arg;
+  coll_interrupt_fn interrupt; /* optional: checked while waiting, also for other nodes */
+  void *interrupt_arg;
+} coll_job_config_t;
+
+/* Collective over every rank of the job a launcher started (hbmcoll-run, torchrun, mpiexec,
+ * srun): join it, on one node or across nodes, reading the same variables as Python's
+ * hbmcoll.init():
+ *  - who this rank is: HBMCOLL_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE (hbmcoll-run), else torchrun's
+ *    RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, MPICH's PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/
+ *    MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/SLURM_NTASKS/
+ *    SLURM_LOCALID/SLURM_TASKS_PER_NODE; none of them: a job of one process;
+ *  - HBMCOLL_JOB_KEY: the job's secret, the same on every rank (hbmcoll-run sets one on one node;
+ *    across nodes give every node the same, e.g. `openssl rand -hex 16`). It names the node's
+ *    rendezvous and proves membership between nodes (HMAC-SHA256 over fresh nonces: it is never
+ *    sent);
+ *  - across nodes (local size < size): the rendezvous at HBMCOLL_MASTER, else MASTER_ADDR (rank 0's
+ *    node; under srun the step's first node), port HBMCOLL_PORT, else MASTER_PORT + 1, else 29600,
+ *    or the first port of HBMCOLL_PORTS=LO-HI (which also confines the bridge's endpoints to
+ *    LO+256..HI); ring l of local ranks l meets at that port + l. The bridge's interface is
+ *    HBMCOLL_IFACE, else the one this node reaches the master through; the node's name
+ *    HBMCOLL_NODE, else the hostname (names must differ); HBMCOLL_TIMEOUT bounds the waits.
+ * Local rank 0 of each node meets the others at the master, which checks that the nodes agree on
+ * the size and protocol, that their ranks cover 0..size-1 once and that their names differ, and
+ * answers everyone with the layout or with the one error of the job. Then the bridge's rings are
+ * built (one per local rank every node has) and one word goes around each.
+ *
+ * Why a function of its own and not coll_comm_create: coll_comm_create is told its rank and size
+ * and reads nothing about the launcher (the Python package, splits and MPI callers use it for one
+ * node's ranks); joining a job across nodes needs the launcher's variables, a network rendezvous
+ * and a secret, which coll_job_create alone reads.
+ *
+ * On one node the communicator is coll_comm_create's. Across nodes it is one coll_comm_t of the
+ * job's rank and size: coll_run, coll_start, coll_req_wait/test/free, coll_comm_rank/size,
+ * coll_comm_error, coll_comm_abort, coll_comm_settle, coll_comm_free, coll_comm_algorithm
+ * ("meeting", "sliced", "rings", "gather") and coll_arena_alloc (the node's arena) work on it as
+ * documented, with every op and dtype; coll_set_algorithm forces the node stages' algorithms.
+ * Differences: every call's arguments are met by every rank before any data moves, so a
+ * disagreement is COLL_EMISMATCH on every rank and the communicator stays usable (coll_comm_error
+ * then returns 0 with the disagreement's sentence); any other failure (COLL_EPEERLOST when a rank or
+ * a node is lost, -ETIMEDOUT, COLL_EINTERRUPTED, COLL_EABORTED) ends it on every rank of every
+ * node; coll_comm_settle waits for the started calls; coll_comm_free is collective between the
+ * nodes' ring ranks (each waits, at most 60 s, for the others' goodbye, so no endpoint closes under
+ * a peer's write); coll_comm_split returns COLL_ENOTSUP (not built across nodes yet).
+ *
+ * Returns 0 and *comm_p, or COLL_EBADARG (a malformed or missing variable: the text names it),
+ * COLL_EBOOTSTRAP (the nodes could not meet or do not agree: the text names the address, port and
+ * node, e.g. "member 0 waited at 10.0.0.1:29601 for the other nodes 900 s: nodes a came with ranks
+ * 0-1 of 4; missing: the nodes of ranks 2-3; ..."), COLL_EINTERRUPTED, -ENOMEM or another -errno;
+ * on failure *comm_p is still set, to a communicator that holds only the error: read it with
+ * coll_comm_error, then coll_comm_free it. See docs/multi-node.md and examples/c/allreduce_nodes.c. */
+int coll_job_create(const coll_job_config_t *config, coll_comm_t **comm_p);
+
 /* Collective over `comm`: ranks with the same color form a new communicator,
  * ordered by (key, old rank). color < 0: this rank joins none and *comm_p is
  * set to NULL. Returns 0 and *comm_p; COLL_EBADARG (NULL comm or comm_p),
@@ -144,6 +208,8 @@ int coll_comm_create(const coll_comm_config_t *config, coll_comm_t **comm_p);
  * fails `comm` as coll_run does) or of coll_comm_create (building the new
  * communicator). *comm_p is untouched on failure; nothing is left to free. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
+/* (On a communicator that spans nodes: COLL_ENOTSUP, nothing communicated; split the job's ranks
+ * with the Python package for now.) */
 /* (If a rank cannot create its part (out of fds, Ctrl-C), `comm` fails on every
  * rank with that reason: the members of its group stop waiting for it.) */
 
@@ -280,7 +346,8 @@ void coll_req_free(coll_req_t *req);
  * A send to this rank itself works. Point-to-point calls may come from any thread, at once
  * (a lock per communicator guards their state, held only for short steps); every wait of one
  * of them moves every pending point-to-point operation of this rank along, so MPI's
- * irecv-send-wait never deadlocks. */
+ * irecv-send-wait never deadlocks. On a communicator that spans nodes (coll_job_create) every
+ * point-to-point call returns COLL_ENOTSUP for now (Python's send/recv cross nodes over TCP). */
 #define COLL_ANY_SOURCE (-1)
 #define COLL_ANY_TAG (-1)
 

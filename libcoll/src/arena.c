@@ -60,6 +60,7 @@ void coll__arena_destroy(coll_comm_t *c) {
 }
 
 int coll_arena_alloc(coll_comm_t *c, size_t bytes, size_t align, void **ptr_p) {
+  c = coll__comm_here(c); /* across nodes: the node's arena */
   if (c != NULL && coll__forked(c)) return COLL_EFORKED; /* the parent's arena */
   if (c == NULL || ptr_p == NULL || c->arena == NULL || align == 0 || (align & (align - 1)) || align > 4096)
     return COLL_EBADARG;
@@ -96,6 +97,7 @@ int coll_arena_alloc(coll_comm_t *c, size_t bytes, size_t align, void **ptr_p) {
 }
 
 void coll_arena_free(coll_comm_t *c, void *ptr) {
+  c = coll__comm_here(c);
   if (c == NULL || c->arena == NULL || ptr == NULL) return;
   coll__arena_t *ar = c->arena;
   size_t uoff = (size_t)((uint8_t *)ptr - ar->start);
@@ -131,7 +133,7 @@ void coll_arena_free(coll_comm_t *c, void *ptr) {
 }
 
 int coll_arena_contains(const coll_comm_t *c, const void *ptr, size_t bytes) {
-  return coll__arena_offset(c, ptr, bytes) != 0;
+  return coll__arena_offset(coll__comm_here(c), ptr, bytes) != 0;
 }
 
 uint64_t coll__arena_offset(const coll_comm_t *c, const void *ptr, size_t bytes) {

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "nodes.h"
 
 void coll__cma_publish_probe(coll_comm_t *c) {
   struct timespec ts;
@@ -74,7 +75,10 @@ void coll__cma_agree(coll_comm_t *c) {
 
 int coll_comm_single_copy(const coll_comm_t *c) { return c && c->cma ? (int)c->hdr->cma_kinds : 0; }
 
-const char *coll_comm_algorithm(const coll_comm_t *c) { return c && c->algorithm ? c->algorithm : ""; }
+const char *coll_comm_algorithm(const coll_comm_t *c) {
+  if (c && c->span) return coll__span_algorithm(c);
+  return c && c->algorithm ? c->algorithm : "";
+}
 
 /* Copies n bytes between my `local` and `remote` in rank `peer` (write: to
  * the peer). A failure here is unexpected (the probe worked), most likely the

@@ -115,6 +115,7 @@ typedef struct coll__arena coll__arena_t;
 typedef struct coll__tree coll__tree_t;
 typedef struct coll__worker coll__worker_t;
 typedef struct coll__p2p coll__p2p_t;
+typedef struct coll__span coll__span_t;
 
 struct coll_comm {
   int rank, size;
@@ -167,6 +168,8 @@ struct coll_comm {
   int cma;            /* single copy works between every pair (same on all ranks) */
   const char *algorithm; /* what the last collective ran as (a static string: logs, timeline) */
   coll__p2p_t *p2p;      /* point-to-point state, made at the first call (p2p.c) */
+  coll__span_t *span; /* a communicator that spans nodes (nodes_comm.c): the public functions hand it
+                       * there; it has no segment of its own. NULL on one node. */
 };
 
 /* ---- param.c ---- */
@@ -269,6 +272,9 @@ int coll__p2p_req_test(struct coll__p2p_op *op, int *result_p);
 void coll__p2p_req_free(struct coll__p2p_op *op);
 int coll__p2p_req_status(struct coll__p2p_op *op, coll_status_t *status_p);
 int coll__p2p_req_cancel(struct coll__p2p_op *op);
+/* ---- nodes_comm.c ---- */
+/* The communicator whose arena and settings a call uses: c, or the node's under a spanning c. */
+coll_comm_t *coll__comm_here(const coll_comm_t *c);
 
 /* ---- comm.c ---- */
 /* Bumped in every fork()ed child (pthread_atfork): a communicator made in an

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "nodes.h"
 #include "tree.h"
 #include "p2p.h"
 
@@ -249,6 +250,7 @@ static int comm_member_cmp(const void *x, const void *y) {
 int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   if (c == NULL || comm_p == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
+  if (c->span) return COLL_ENOTSUP; /* not built across nodes yet (coll.h) */
   comm_member_t mine = {color < 0 ? -1 : color, key, c->rank};
   comm_member_t *all = calloc((size_t)c->size, sizeof *all);
   if (all == NULL) return -ENOMEM;
@@ -300,6 +302,10 @@ int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
 }
 
 void coll_comm_leave(coll_comm_t *c) {
+  if (c != NULL && c->span && !coll__forked(c)) {
+    coll__span_leave(c);
+    return;
+  }
   if (c == NULL || c->ctl == NULL || coll__forked(c) || atomic_load(&c->ctl[c->rank].left))
     return;
   atomic_store(&c->ctl[c->rank].left, 1);
@@ -312,6 +318,10 @@ void coll_comm_leave(coll_comm_t *c) {
 
 void coll_comm_free(coll_comm_t *c) {
   if (c == NULL) return;
+  if (c->span) {
+    coll__span_free(c);
+    return;
+  }
   if (coll__forked(c)) /* the parent's thread is not in this process: nothing to join */
     coll__worker_forget(c);
   else
@@ -336,6 +346,10 @@ void coll_comm_abort(coll_comm_t *c, int reason) {
   if (c == NULL) return;
   if (reason >= 0 || reason <= COLL_ERR_LAST_) reason = COLL_EABORTED;
   if (coll__forked(c)) return; /* the parent's communicator: not ours to fail */
+  if (c->span) {
+    coll__span_abort(c, reason);
+    return;
+  }
   if (c->hdr == NULL) {
     c->error = reason;
     return;
@@ -353,12 +367,14 @@ int coll_comm_rank(const coll_comm_t *c) { return c ? c->rank : -1; }
 int coll_comm_size(const coll_comm_t *c) { return c ? c->size : -1; }
 
 void coll_comm_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg) {
+  if (c->span) coll__span_set_interrupt(c, fn, arg);
   c->interrupt_fn = fn;
   c->interrupt_arg = arg;
 }
 
 int coll_comm_error(const coll_comm_t *c, const char **text_p) {
   if (c == NULL) return COLL_EBADARG;
+  if (c->span) return coll__span_error(c, text_p);
   if (text_p) *text_p = c->error_text;
   return c->error;
 }

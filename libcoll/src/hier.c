@@ -125,7 +125,7 @@ void coll__hier_free(coll__hier_t *h) {
 }
 
 void *coll__hier_scratch(coll__hier_t *h, int which, size_t bytes) {
-  if (bytes <= h->scratch_bytes[which]) return h->scratch[which];
+  if (bytes <= h->scratch_bytes[which] && h->scratch[which]) return h->scratch[which]; /* (0 bytes: one page too) */
   size_t want = bytes < 4096 ? 4096 : bytes;
   void *p = NULL;
   if (posix_memalign(&p, 64, want) != 0) return NULL;

@@ -132,6 +132,7 @@ static coll__p2p_t *p2p_get(coll_comm_t *c) {
 static int p2p_check(coll_comm_t *c, const void *buf, size_t bytes, int peer, int tag, int any) {
   if (c == NULL || (buf == NULL && bytes > 0)) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
+  if (c->span) return COLL_ENOTSUP; /* across nodes: not yet (coll.h) */
   if (peer < (any ? COLL_ANY_SOURCE : 0) || peer >= c->size) return COLL_EBADARG;
   if (tag < (any ? COLL_ANY_TAG : 0)) return COLL_EBADARG;
   return c->error;

@@ -282,6 +282,7 @@ int coll_env_check(double *timeout_s_p, char *text, size_t text_len) {
 
 int coll_set_algorithm(coll_comm_t *comm, coll_kind_t kind, const char *name) {
   if (comm == NULL || (unsigned)kind >= COLL_KIND_COUNT) return COLL_EBADARG;
+  comm = coll__comm_here(comm); /* across nodes: the node stages' algorithms */
   if (name == NULL || strcmp(name, "auto") == 0) {
     comm->params.algo[kind] = 0;
     return 0;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "coll_internal.h"
+#include "nodes.h"
 #include "round.h"
 
 struct coll_req {
@@ -148,6 +149,7 @@ int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;
+  if (c->span) return coll__span_start(c, a, req_p);
   if ((rc = coll__worker_get(&c->worker, comm_execute, c)) != 0) return rc;
   return coll__worker_queue(c->worker, a, req_p);
 }
@@ -251,12 +253,13 @@ int coll_run(coll_comm_t *c, const coll_args_t *a) {
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;
-  return run_ordered(c, a);
+  return c->span ? coll__span_run(c, a) : run_ordered(c, a);
 }
 
 int coll_comm_settle(coll_comm_t *c) {
   if (c == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
+  if (c->span) return coll__span_settle(c);
   /* the request thread's last call may be a give too: let it finish that (queued requests
    * fail with COLL_EABORTED, as at coll_comm_free), then its rounds are mine to check */
   coll__worker_stop(c);

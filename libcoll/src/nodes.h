@@ -1,0 +1,138 @@
+/*
+ * nodes.h - a job that spans nodes, from C: the communicator over the node's communicator and the
+ * bridge (nodes_comm.c), the rendezvous of the nodes (nodes_meet.c, authenticated with
+ * nodes_sha256.c), the connections that notice a lost node (nodes_watch.c), who is where and the
+ * rings (nodes_join.c), and the launcher's variables (nodes_env.c). The same steps as the Python
+ * package's nodes.py and layout.py, which stay its own path for now.
+ */
+#ifndef COLL_NODES_H
+#define COLL_NODES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "hier.h"
+#include "net.h"
+#include "net_ring.h"
+
+#define COLL__NODES_TEXT 320 /* the sentences of this layer (they name addresses and nodes) */
+
+/* ---- nodes_sha256.c ---- */
+#define COLL__SHA256_BYTES 32
+/* HMAC-SHA256 (RFC 2104) of the concatenation of n parts under key. */
+void coll__hmac_sha256(const uint8_t *key, size_t key_len, const void *const *parts, const size_t *lens, int n,
+                       uint8_t out[COLL__SHA256_BYTES]);
+void coll__sha256(const void *data, size_t len, uint8_t out[COLL__SHA256_BYTES]);
+
+/* ---- nodes_watch.c: the connections that stay open after the rendezvous ---- */
+typedef struct coll__nodes_watch coll__nodes_watch_t;
+/* Takes the connected sockets (member 0: one per other member; member k: the one to member 0).
+ * Returns 0 and *w_p, or -errno (the sockets are closed either way). */
+int coll__nodes_watch_start(const int *socks, int n, int relay, coll__nodes_watch_t **w_p);
+/* The fd a failure shuts (hier.c) and the bridge watches (net.h): end of file once the job's
+ * communicator can no longer go on. */
+int coll__nodes_watch_fd(const coll__nodes_watch_t *w);
+/* A call begins: 0, or COLL_EPEERLOST with a sentence when a member left before this call. */
+int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen);
+/* Collective: goodbye, and wait (at most timeout_s) for every member's; then close. */
+void coll__nodes_watch_close(coll__nodes_watch_t *w, double timeout_s);
+/* This member failed: close without goodbye (the others' watches fire). NULL is fine. */
+void coll__nodes_watch_abort(coll__nodes_watch_t *w);
+
+/* ---- nodes_meet.c: the rendezvous (HMAC proofs, then every member's blob) ---- */
+typedef struct {
+  int member;          /* the member's number (any unique int; the listener is 0) */
+  uint8_t *blob;       /* its blob */
+  size_t len;
+} coll__nodes_blob_t;
+/* complete(arg, blobs, n, text, len) says, as members come, whether all came (1), not yet (0), or
+ * that the job cannot go on (< 0: text is every member's error); who(arg, blobs, n, text, len) says
+ * who came and who is missing. */
+typedef struct {
+  int (*complete)(void *arg, const coll__nodes_blob_t *blobs, int n, char *text, size_t len);
+  void (*who)(void *arg, const coll__nodes_blob_t *blobs, int n, char *text, size_t len);
+  void *arg;
+  coll_warn_fn warn; /* the line said after 10 s (NULL: stderr) */
+  void *warn_arg;
+  coll_interrupt_fn interrupt; /* checked while waiting */
+  void *interrupt_arg;
+} coll__nodes_meet_t;
+/* Member `me` meets the others at addr:port (me == 0 listens there) with secret; its blob goes
+ * to everyone. Returns 0, *blobs_p (sorted by member, blob buffers owned by the array: free with
+ * coll__nodes_blobs_free) and *n_p, and *watch_p; or COLL_EBOOTSTRAP, -ETIMEDOUT (with the
+ * sentence naming the address and port), COLL_EINTERRUPTED, -ENOMEM with a sentence in err. */
+int coll__nodes_meet(int me, const char *addr, int port, const char *secret, const uint8_t *blob, size_t len,
+                     const coll__nodes_meet_t *how, double timeout_s, coll__nodes_blob_t **blobs_p, int *n_p,
+                     coll__nodes_watch_t **watch_p, char *err, size_t errlen);
+void coll__nodes_blobs_free(coll__nodes_blob_t *blobs, int n);
+/* The complete() and who() of a rendezvous of members 0..n-1 (arg: an int *n). */
+int coll__nodes_members_complete(void *arg, const coll__nodes_blob_t *blobs, int n, char *text, size_t len);
+void coll__nodes_members_who(void *arg, const coll__nodes_blob_t *blobs, int n, char *text, size_t len);
+
+/* ---- nodes_comm.c: the communicator that spans nodes ---- */
+typedef struct {
+  coll_comm_t *local;         /* this node's ranks (local rank = its rank there) */
+  coll__net_t *net;           /* this rank's bridge endpoint, NULL if it carries no ring */
+  coll__net_ring_t *ring;     /* its ring (NULL with one node, or without endpoint) */
+  coll__nodes_watch_t *watch; /* the connections of its rendezvous, NULL none */
+  int nodes, node, rings, size;
+  const int *node_of, *local_of; /* [size] */
+  double timeout_s;
+} coll__span_config_t;
+/* The job's communicator over these parts, which it takes in every case (freed on failure too).
+ * Returns 0 and *comm_p, or COLL_EBADARG (a layout that does not add up) / -ENOMEM with a
+ * sentence in err. */
+int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *err, size_t errlen);
+/* A communicator that holds only a failure (coll_comm_error reads it), for creators that must
+ * hand one back. NULL when out of memory. */
+coll_comm_t *coll__comm_failed(int rank, int size, int code, const char *text);
+
+/* The public functions' branches for a spanning communicator (c->span != NULL). */
+int coll__span_run(coll_comm_t *c, const coll_args_t *a);
+int coll__span_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p);
+int coll__span_settle(coll_comm_t *c);
+void coll__span_free(coll_comm_t *c);
+void coll__span_leave(coll_comm_t *c);
+void coll__span_abort(coll_comm_t *c, int reason);
+int coll__span_error(const coll_comm_t *c, const char **text_p);
+const char *coll__span_algorithm(const coll_comm_t *c);
+void coll__span_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg);
+
+/* ---- nodes_join.c: who is where, the rings ---- */
+typedef struct {
+  int rank, size;           /* in the job */
+  const char *name;         /* this node's name (HBMCOLL_NODE, else the hostname) */
+  const char *secret;       /* the job's secret (HBMCOLL_JOB_KEY) */
+  const char *addr;         /* the rendezvous' address (node of rank 0) */
+  int port;                 /* ring l meets at port + l */
+  const char *iface;        /* the bridge's interface */
+  double timeout_s;         /* the rendezvous' limit (<= 0: none) */
+  double wait_s;            /* every wait's afterwards (<= 0: none) */
+  size_t pool_bytes;        /* each endpoint's registered pool (0: 4 MiB) */
+} coll__nodes_join_t;
+/* Collective over the node's communicator `node` (taken: freed on failure too): the nodes meet,
+ * check the layout, build the rings. Returns 0 and *comm_p, or a failure with a sentence in err
+ * that names the address, port and node where it applies. */
+int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm_t **comm_p, char *err,
+                     size_t errlen);
+#define COLL__NODES_PROTOCOL 1 /* what the C nodes say to each other; raised at every change */
+#define COLL__NODES_POOL (4u << 20)
+
+/* ---- nodes_env.c: the launcher's variables ---- */
+typedef struct {
+  int rank, size, local_rank, local_size;
+  const char *launcher;  /* "hbmcoll-run", "torchrun", "mpiexec", "srun", "single" */
+  char key[256];         /* HBMCOLL_JOB_KEY */
+  char addr[256];        /* across nodes: HBMCOLL_MASTER / MASTER_ADDR / srun's first node */
+  int port;              /* ring 0's rendezvous port */
+  char iface[64];        /* HBMCOLL_IFACE, else the interface toward addr */
+  char name[256];        /* HBMCOLL_NODE, else the hostname */
+} coll__job_env_t;
+/* The launcher's rank, sizes and key; across nodes also the meeting point. 0, or COLL_EBADARG
+ * with a sentence naming the variable. */
+int coll__job_env(coll__job_env_t *env, char *err, size_t errlen);
+/* Interface name's IPv4 address as text into out ("" when it has none). */
+void coll__iface_address(const char *name, char *out, size_t len);
+
+#endif /* COLL_NODES_H */

@@ -1,0 +1,314 @@
+/*
+ * test_nodes_comm.c - a coll_comm_t that spans nodes, from C (libcoll/src/nodes_*.c): two emulated
+ * nodes (network namespaces, tests/c/netns.h) of two ranks each. The node's communicator meets on
+ * an abstract Unix socket, which lives in the network namespace, so each node is a process that
+ * enters its namespace and then forks its local ranks; every rank joins with coll_job_create from
+ * the variables hbmcoll-run would give it (HBMCOLL_RANK..., HBMCOLL_JOB_KEY, HBMCOLL_MASTER,
+ * HBMCOLL_PORT, HBMCOLL_IFACE, HBMCOLL_NODE), through the C rendezvous and rings.
+ *
+ *  - every collective through coll_run on the job's communicator, against values each rank computes
+ *    from every rank's inputs: int32, float32 and float64; SUM everywhere, PROD, MIN, MAX and AVG
+ *    for allreduce; roots on both nodes; counts 0, 1, 7, 1000 (past the meeting's small path) and
+ *    70000 (the rings, in chunks); then the same through coll_start, several calls in flight;
+ *  - rank, size, the node's arena, coll_comm_algorithm, coll_comm_split = COLL_ENOTSUP;
+ *  - a disagreement (one rank's count differs) is COLL_EMISMATCH on every rank, with a sentence,
+ *    and the next call succeeds;
+ *  - a rank killed (SIGKILL) after a first call: COLL_EPEERLOST on every other rank of both nodes;
+ *  - a rendezvous whose node never comes names the address, port and the missing ranks.
+ * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll.h"
+
+#define HARNESS_KEY_PREFIX "hbnc"
+#define HARNESS_NAME_WIDTH 48
+#include "harness.h"
+#include "netns.h"
+
+#define NODES 2
+#define PER 2
+#define SIZE (NODES * PER)
+
+typedef int (*job_fn)(coll_comm_t *comm, int rank);
+static int test_pid; /* the job's secret is made of it: the same on both nodes */
+
+static double val(int r, size_t i) { return (double)((r * 7 + (int)(i % 1000) * 3) % 11) - 5.0; }
+
+static void put(coll_dtype_t t, void *b, size_t i, double v) {
+  if (t == COLL_INT32) ((int32_t *)b)[i] = (int32_t)v;
+  else if (t == COLL_FLOAT32) ((float *)b)[i] = (float)v;
+  else ((double *)b)[i] = v;
+}
+static double get(coll_dtype_t t, const void *b, size_t i) {
+  return t == COLL_INT32 ? ((const int32_t *)b)[i] : t == COLL_FLOAT32 ? ((const float *)b)[i] : ((const double *)b)[i];
+}
+static double fold(coll_op_t op, double a, double b) {
+  return op == COLL_PROD ? a * b : op == COLL_MIN ? fmin(a, b) : op == COLL_MAX ? fmax(a, b) : a + b;
+}
+static double folded(coll_op_t op, coll_dtype_t t, size_t i, int off) { /* over every rank's val(r, i + off) */
+  double v = val(0, i + (size_t)off);
+  for (int r = 1; r < SIZE; r++) v = fold(op, v, val(r, i + (size_t)off));
+  if (op == COLL_AVG) v = t == COLL_INT32 ? (double)(int32_t)(v / SIZE) : v / SIZE;
+  return v;
+}
+
+static int say(int rank, const char *what, int rc, coll_comm_t *c) {
+  const char *text = "";
+  coll_comm_error(c, &text);
+  fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, what, coll_err_name(rc), text ? text : "");
+  return 1;
+}
+
+/* One collective on comm (nonblocking when req_p), its buffers made and later checked by check(). */
+typedef struct {
+  coll_args_t a;
+  void *send, *recv;
+} call_t;
+
+static void make(call_t *k, coll_kind_t kind, coll_dtype_t t, coll_op_t op, int root, size_t count, int rank) {
+  size_t es = coll_dtype_size(t), all = count * SIZE;
+  k->send = calloc(all + 1, es), k->recv = calloc(all + 1, es);
+  k->a = (coll_args_t){.kind = kind, .dtype = t, .op = op, .root = root, .count = count, .send = k->send, .recv = k->recv};
+  for (size_t i = 0; i < all; i++) put(t, k->send, i, val(rank, i));
+  if (kind == COLL_BCAST)
+    for (size_t i = 0; i < count; i++) put(t, k->recv, i, rank == root ? val(rank, i) : -99);
+  if (kind == COLL_ALLTOALL)
+    for (size_t i = 0; i < all; i++) put(t, k->send, i, (double)(rank * 100 + (int)(i / (count ? count : 1)) * 10) + (double)(i % 7));
+}
+
+static int check(const call_t *k, int rank) {
+  const coll_args_t *a = &k->a;
+  coll_dtype_t t = a->dtype;
+  size_t n = a->count;
+  int bad = 0;
+  for (size_t i = 0; i < n * SIZE && !bad; i++) {
+    size_t b = i / (n ? n : 1), j = i % (n ? n : 1);
+    double want = NAN, got = get(t, k->recv, i);
+    switch (a->kind) {
+    case COLL_ALLREDUCE: if (i < n) want = folded(a->op, t, i, 0); break;
+    case COLL_REDUCE: if (i < n && rank == a->root) want = folded(a->op, t, i, 0); break;
+    case COLL_BCAST: if (i < n) want = val(a->root, i); break;
+    case COLL_ALLGATHER: want = val((int)b, j); break;
+    case COLL_GATHER: if (rank == a->root) want = val((int)b, j); break;
+    case COLL_SCATTER: if (i < n) want = val(a->root, (size_t)rank * n + i); break;
+    case COLL_REDUCE_SCATTER: if (i < n) want = folded(COLL_SUM, t, i, rank * (int)n); break;
+    case COLL_ALLTOALL: want = (double)((int)b * 100 + rank * 10) + (double)((rank * n + j) % 7); break;
+    default: break;
+    }
+    if (!isnan(want) && fabs(got - want) > 1e-6 * fmax(1, fabs(want))) {
+      fprintf(stderr, "rank %d: %s %s op %s root %d count %zu: [%zu] = %g, want %g\n", rank, coll_kind_name(a->kind),
+              coll_dtype_name(t), coll_op_name(a->op), a->root, n, i, got, want);
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
+static void drop(call_t *k) { free(k->send), free(k->recv); }
+
+static int job_collectives(coll_comm_t *c, int rank) {
+  static const size_t counts[] = {0, 1, 7, 1000, 70000};
+  static const coll_dtype_t types[] = {COLL_INT32, COLL_FLOAT32, COLL_FLOAT64};
+  int bad = 0;
+  if (coll_comm_rank(c) != rank || coll_comm_size(c) != SIZE)
+    return fprintf(stderr, "rank %d: rank/size %d/%d\n", rank, coll_comm_rank(c), coll_comm_size(c)), 1;
+  void *p = NULL;
+  if (coll_arena_alloc(c, 4096, 64, &p) != 0 || !coll_arena_contains(c, p, 4096)) bad++, fprintf(stderr, "arena\n");
+  coll_arena_free(c, p);
+  coll_comm_t *sub = NULL;
+  if (coll_comm_split(c, 0, 0, &sub) != COLL_ENOTSUP) bad++, fprintf(stderr, "split is not ENOTSUP\n");
+  for (int kind = 0; kind < COLL_KIND_COUNT; kind++)
+    for (size_t ti = 0; ti < 3; ti++)
+      for (size_t ci = 0; ci < 5; ci++)
+        for (int root = 0; root < SIZE; root += 3) {
+          coll_op_t ops[] = {COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG};
+          int nops = kind == COLL_ALLREDUCE && ci == 2 ? 5 : 1;
+          for (int o = 0; o < nops; o++) {
+            if ((kind == COLL_BARRIER && (ti || ci)) || (ops[o] == COLL_PROD && types[ti] != COLL_INT32)) continue;
+            call_t k;
+            make(&k, (coll_kind_t)kind, types[ti], ops[o], root, counts[ci], rank);
+            int rc = coll_run(c, &k.a);
+            if (rc) bad += say(rank, coll_kind_name((coll_kind_t)kind), rc, c);
+            else bad += check(&k, rank);
+            drop(&k);
+            if (bad) return bad;
+          }
+        }
+  if (coll_comm_algorithm(c)[0] == '\0') bad++, fprintf(stderr, "no algorithm named\n");
+  /* nonblocking: every kind in flight at once, then a blocking call behind them */
+  call_t ks[COLL_KIND_COUNT];
+  coll_req_t *reqs[COLL_KIND_COUNT];
+  for (int kind = 0; kind < COLL_KIND_COUNT; kind++) {
+    make(&ks[kind], (coll_kind_t)kind, COLL_FLOAT32, COLL_SUM, kind % SIZE, kind % 2 ? 70000 : 5, rank);
+    int rc = coll_start(c, &ks[kind].a, &reqs[kind]);
+    if (rc) return say(rank, "coll_start", rc, c);
+  }
+  call_t last;
+  make(&last, COLL_ALLREDUCE, COLL_INT32, COLL_SUM, 0, 3, rank);
+  int rc = coll_run(c, &last.a);
+  if (rc) bad += say(rank, "a blocking call behind started ones", rc, c);
+  else bad += check(&last, rank);
+  drop(&last);
+  for (int kind = 0; kind < COLL_KIND_COUNT; kind++) {
+    int result = -1;
+    if (coll_req_test(reqs[kind], &result) != 1) bad++, fprintf(stderr, "rank %d: request %d not done\n", rank, kind);
+    else if (result) bad += say(rank, "started call", result, c);
+    else bad += check(&ks[kind], rank);
+    coll_req_free(reqs[kind]);
+    drop(&ks[kind]);
+  }
+  return bad + (coll_comm_settle(c) != 0);
+}
+
+static int job_mismatch(coll_comm_t *c, int rank) {
+  int32_t in[8] = {1, 1, 1, 1, 1, 1, 1, 1}, out[8];
+  coll_args_t a = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = rank == 2 ? 8 : 7,
+                   .send = in, .recv = out};
+  int rc = coll_run(c, &a);
+  const char *text = "";
+  coll_comm_error(c, &text);
+  if (rc != COLL_EMISMATCH || !strstr(text, "disagree"))
+    return fprintf(stderr, "rank %d: a disagreement gave %s (%s)\n", rank, coll_err_name(rc), text), 1;
+  a.count = 7;
+  if ((rc = coll_run(c, &a)) != 0 || out[6] != SIZE) return say(rank, "the call after a disagreement", rc, c);
+  return 0;
+}
+
+static int job_killed(coll_comm_t *c, int rank) {
+  int32_t in = 1, out = 0;
+  coll_args_t a = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = 1, .send = &in, .recv = &out};
+  int rc = coll_run(c, &a);
+  if (rc || out != SIZE) return say(rank, "the first call", rc, c);
+  if (rank == 3) raise(SIGKILL);
+  rc = coll_run(c, &a);
+  if (rc != COLL_EPEERLOST) return fprintf(stderr, "rank %d: after rank 3 was killed: %s\n", rank, coll_err_name(rc)), 1;
+  const char *text = "";
+  coll_comm_error(c, &text);
+  printf("    rank %d: %s\n", rank, text);
+  return 0;
+}
+
+static int job_missing(coll_comm_t *c, int rank) { (void)c, (void)rank; return 1; /* never joins */ }
+
+typedef struct {
+  const char *name;
+  job_fn fn;
+  int victim;        /* the rank that kills itself, -1 none */
+  int only_node0;    /* node 1 never starts: the rendezvous fails */
+} scenario_t;
+
+/* A rank: the variables of hbmcoll-run, then coll_job_create and the scenario. */
+static int run_rank(const scenario_t *s, int node, int local, int port, char *errbuf, size_t errlen) {
+  char v[64];
+  int rank = node * PER + local;
+  snprintf(v, sizeof v, "%d", rank), setenv("HBMCOLL_RANK", v, 1);
+  snprintf(v, sizeof v, "%d", SIZE), setenv("HBMCOLL_SIZE", v, 1);
+  snprintf(v, sizeof v, "%d", local), setenv("HBMCOLL_LOCAL_RANK", v, 1);
+  snprintf(v, sizeof v, "%d", PER), setenv("HBMCOLL_LOCAL_SIZE", v, 1);
+  snprintf(v, sizeof v, "%d", port), setenv("HBMCOLL_PORT", v, 1);
+  snprintf(v, sizeof v, "node%d", node), setenv("HBMCOLL_NODE", v, 1);
+  snprintf(v, sizeof v, "hbnc%d.%d", test_pid, port), setenv("HBMCOLL_JOB_KEY", v, 1);
+  setenv("HBMCOLL_MASTER", "10.77.0.1", 1);
+  setenv("HBMCOLL_IFACE", "hbnet0", 1);
+  setenv("FI_PROVIDER", "tcp", 1);
+  setenv("HBMCOLL_TIMEOUT", s->only_node0 ? "12" : "60", 1);
+  coll_comm_t *c = NULL;
+  int rc = coll_job_create(NULL, &c);
+  if (rc) {
+    const char *text = "";
+    coll_comm_error(c, &text);
+    snprintf(errbuf, errlen, "%s", text);
+    fprintf(stderr, "rank %d: coll_job_create: %s: %s\n", rank, coll_err_name(rc), text);
+    coll_comm_free(c);
+    return s->only_node0 ? 0 : 1;
+  }
+  rc = s->fn(c, rank);
+  coll_comm_free(c);
+  return rc;
+}
+
+/* A node: enter its network, fork its ranks, exit 0 when each did as the scenario says. */
+static int run_node(const scenario_t *s, const netns_t *ns, int node, int port) {
+  if (netns_enter(ns, node) != 0) return 10;
+  int fds[PER][2];
+  pid_t pids[PER];
+  for (int l = 0; l < PER; l++) {
+    if (pipe(fds[l]) != 0) return 11;
+    if ((pids[l] = fork()) == 0) {
+      char text[1024] = "";
+      close(fds[l][0]);
+      int rc = run_rank(s, node, l, port, text, sizeof text);
+      (void)!write(fds[l][1], text, strlen(text));
+      _exit(rc);
+    }
+    close(fds[l][1]);
+  }
+  int bad = 0;
+  for (int l = 0; l < PER; l++) {
+    char text[1024] = "";
+    ssize_t got = read(fds[l][0], text, sizeof text - 1);
+    text[got > 0 ? got : 0] = '\0';
+    close(fds[l][0]);
+    int st = 0;
+    waitpid(pids[l], &st, 0);
+    int rank = node * PER + l, killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    if (rank == s->victim ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) bad = 1;
+    if (s->only_node0 && !(strstr(text, "10.77.0.1") && strstr(text, "missing: the nodes of ranks 2-3"))) {
+      fprintf(stderr, "rank %d: the error does not name the rendezvous and the missing ranks: %s\n", rank, text);
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
+static void scenario(const scenario_t *s, const netns_t *ns, int port, double timeout_s) {
+  double t0 = now_s();
+  pid_t pids[NODES];
+  int nodes = s->only_node0 ? 1 : NODES;
+  fflush(stdout);
+  for (int i = 0; i < nodes; i++)
+    if ((pids[i] = fork()) == 0) _exit(run_node(s, ns, i, port));
+  int ok = 1;
+  for (int i = 0; i < nodes; i++) {
+    int st = 0;
+    while (waitpid(pids[i], &st, WNOHANG) == 0) {
+      if (now_s() - t0 > timeout_s) {
+        for (int j = 0; j < nodes; j++) kill(pids[j], SIGKILL);
+        fprintf(stderr, "%s: hung, killed\n", s->name);
+      }
+      usleep(20000);
+    }
+    ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  record(ok, s->name, SIZE, now_s() - t0, ok ? NULL : "see the ranks' lines above");
+}
+
+int main(void) {
+  netns_t ns;
+  test_pid = (int)getpid();
+  const scenario_t all[] = {
+      {"every collective across 2 nodes x 2, blocking and started", job_collectives, -1, 0},
+      {"a disagreement is EMISMATCH everywhere, then usable", job_mismatch, -1, 0},
+      {"a killed rank is EPEERLOST on both nodes", job_killed, 3, 0},
+      {"a missing node is named with address and ranks", job_missing, -1, 1},
+  };
+  if (netns_up(&ns, NODES) != 0) {
+    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, "collectives across emulated nodes", ns.why);
+    printf("0 passed, 0 failed\n");
+    return 0;
+  }
+  int port = 31000 + (int)(getpid() % 2000) * 8;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) scenario(&all[i], &ns, port + 4 * (int)i, 240);
+  netns_down(&ns);
+  printf("%lu passed, %lu failed\n", test_passed, test_failed);
+  return test_failed != 0;
+}
