@@ -410,9 +410,9 @@ def meet(rank, size, key, timeout, placement, launcher, local_rank=None, local_s
 
 def empty(shape, dtype="float32", comm=None):
     """A NumPy array of shape and dtype inside comm's shared arena (in HBM where the node has
-    it): collectives whose buffers all live there skip the copy through the staging cells (3x
-    MPICH's allreduce speed here at 1-16 MiB, bench/README.md). Uninitialised, like
-    numpy.empty; it lives as long as the communicator."""
+    it): collectives whose buffers all live there skip the copy through the staging cells
+    (bench/README.md has what that gains against MPI). Uninitialised, like numpy.empty; it
+    lives as long as the communicator."""
     import numpy as np
 
     if comm is None:
