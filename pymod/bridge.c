@@ -295,17 +295,6 @@ double hb_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A raw poll (here, and the memory server's loop in memserve.c) spins this long after its
- * start, then naps between looks: a memory server and its clients wait on each other, and a
- * spinning waiter would take the core the other needs where processes outnumber cores (a
- * training job, its server and the framework's threads; the A/B is in bench/README.md). */
-#define POLL_SPIN_S 100e-6
-#define POLL_NAP_NS 50000
-
-void hb_poll_idle(double waited_s) {
-  if (waited_s > POLL_SPIN_S) nanosleep(&(struct timespec){0, POLL_NAP_NS}, NULL);
-}
-
 /* poll(timeout): a peer's note, or None once timeout seconds passed without one (0: look once). */
 static PyObject *bridge_poll(hb_bridge_t *self, PyObject *args) {
   double timeout = 0;
@@ -315,14 +304,13 @@ static PyObject *bridge_poll(hb_bridge_t *self, PyObject *args) {
   int rc;
   self->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  double start = hb_now(), until = start + timeout;
+  double until = hb_now() + timeout, since = 0;
   unsigned spins = 0;
+  /* between empty polls, a short spin and then a sleep in the kernel (coll__net_idle) */
   while ((rc = coll__net_poll(self->net, &note, err, sizeof err)) == 0) {
-    ++spins;
-    if ((spins & 15) != 0) continue;
-    double now = hb_now();
-    if (now > until || ((spins & 255) == 0 && coll__net_interrupted(self->net))) break;
-    hb_poll_idle(now - start);
+    int slept = coll__net_idle(self->net, &since, until);
+    if (!slept && (++spins & 15) != 0) continue;
+    if (hb_now() > until || ((slept || (spins & 255) == 0) && coll__net_interrupted(self->net))) break;
   }
   Py_END_ALLOW_THREADS
   self->busy = 0;

@@ -112,7 +112,6 @@ void hb_bridge_give(PyObject *bridge);
 /* hier.c */
 extern PyType_Spec hb_hier_spec;
 double hb_now(void);                /* CLOCK_MONOTONIC, seconds */
-void hb_poll_idle(double waited_s); /* a raw poll found nothing: nap once it waited a while */
 coll_dtype_t hb_dtype_named(const char *name); /* COLL_DTYPE_COUNT: no such name */
 PyObject *hb_axpy(PyObject *m, PyObject *args);
 

@@ -41,6 +41,7 @@ enum { MS_OK = 0, MS_REFUSED = 1, MS_FENCED = 2, MS_DTYPE = 3, MS_DROPPED = 4, M
 #define MS_NUMBER ((1u << 28) - 1)
 #define MS_REPLY_S 10.0  /* a reply that cannot leave for this long drops its client */
 #define MS_PARTIAL_S 5.0 /* a request in chunks whose next chunk is this late is dropped */
+#define MS_SWEEP_S 0.05  /* how often stuck replies and late chunks are looked for */
 
 typedef struct { /* protocol.py's HEAD (hbmcoll/memserver/), "<IIQQQdQQQ": 64 bytes, no padding */
   uint32_t magic, opf;   /* opf: op | FIRST | LAST | STAGE | dtype code << 16 */
@@ -357,7 +358,7 @@ static PyObject *ms_serve(ms_t *s, PyObject *args) {
   }
   s->ndropped = 0;
   Py_BEGIN_ALLOW_THREADS
-  double start = hb_now(), until = start + timeout;
+  double until = hb_now() + timeout, since = 0;
   char err[320];
   for (unsigned spins = 1;; spins++) {
     uint32_t note;
@@ -365,19 +366,22 @@ static PyObject *ms_serve(ms_t *s, PyObject *args) {
     int rc = coll__net_poll_from(s->net, &note, &peer, err, sizeof err);
     if (rc == 1) {
       ms_note(s, note, peer);
-      start = hb_now();
+      since = 0;
       if (s->ndropped) break; /* Python closes their sockets */
       continue;
     } /* rc < 0: a transfer to a client that went away failed; its control socket says so */
-    if (spins & 15) continue;
+    /* a short spin, then a sleep in the kernel that a request, a control socket, the next
+     * sweep or the timeout ends (coll__net_idle_fds) */
+    double sweep = s->swept + MS_SWEEP_S;
+    int slept = coll__net_idle_fds(s->net, &since, until < sweep ? until : sweep, fds, (int)nfds);
+    if (!slept && (spins & 15)) continue;
     double now = hb_now();
-    if (now - s->swept > 0.05) {
+    if (now - s->swept > MS_SWEEP_S) {
       s->swept = now;
       ms_sweep(s, now);
       if (s->ndropped) break;
     }
     if (now > until || (nfds && poll(fds, (nfds_t)nfds, 0) > 0)) break;
-    hb_poll_idle(now - start);
   }
   Py_END_ALLOW_THREADS
   free(fds);

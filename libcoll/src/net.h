@@ -31,7 +31,7 @@
 #ifndef COLL_NET_H
 #define COLL_NET_H
 
-#include <sched.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,7 +78,8 @@ void coll__net_set_interrupt(coll__net_t *net, int (*fn)(void *), void *arg);
 /* Whether a wait that found nothing for a while should stop: 1 once fn said so. */
 int coll__net_interrupted(coll__net_t *net);
 
-/* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0". */
+/* One line: "provider tcp;ofi_rxm, fabric 10.9.0.0/24, interface hbnet0, waits block on the
+ * CQ's fd after 12 us" (or "waits yield (no wait object: ...)"). */
 const char *coll__net_describe(const coll__net_t *net);
 /* This rank's pool (the bytes peers write; also the source of its own writes). */
 uint8_t *coll__net_pool(coll__net_t *net);
@@ -123,11 +124,19 @@ int coll__net_write_sourced(coll__net_t *net, int peer, size_t from, size_t to, 
  * first one is also said once on stderr). */
 uint64_t coll__net_dropped(const coll__net_t *net);
 
-/* What a wait does after its `spins`-th poll that brought nothing: after a few, give the core
- * away (a rank of this node, or the kernel's network work, may need it to make our progress). */
-#define COLL_NET_SPINS 64
-static inline void coll__net_idle(unsigned spins) {
-  if (spins > COLL_NET_SPINS) sched_yield();
-}
+/* What a wait does after a poll that brought nothing (net_wait.c says why and how). *since is
+ * when the stretch of empty polls began (0: it begins now; the caller sets it back to 0 when
+ * something arrives). While the stretch is shorter than a sleep and a wake-up cost here
+ * (measured at open) this returns 0 at once: poll again. After that it blocks in the kernel
+ * until the provider's wait object stirs (a peer's bytes arrived), the watched fd closes (the
+ * next poll says COLL_EPEERLOST), one of extra[0..nextra) has its events (revents set), `until`
+ * (CLOCK_MONOTONIC seconds, 0: none) or a few tens of ms pass, and returns 1: the caller checks
+ * its deadline and coll__net_interrupted now. Where the provider has no wait object it yields
+ * the core instead (1 too); coll__net_describe says which. */
+int coll__net_idle(coll__net_t *net, double *since, double until);
+int coll__net_idle_fds(coll__net_t *net, double *since, double until, struct pollfd *extra, int nextra);
+/* How often waits blocked so far, and how many of those blocks the provider's wait object ended
+ * (a peer's bytes arrived) rather than the watch, the caller's fds or the clock. */
+void coll__net_wait_counts(const coll__net_t *net, uint64_t *blocks_p, uint64_t *woken_p);
 
 #endif /* COLL_NET_H */

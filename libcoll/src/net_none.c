@@ -66,6 +66,13 @@ int coll__net_write_sourced(coll__net_t *net, int peer, size_t from, size_t to, 
   return COLL_ENOTSUP;
 }
 uint64_t coll__net_dropped(const coll__net_t *net) { return (void)net, 0; }
+void coll__net_wait_counts(const coll__net_t *net, uint64_t *blocks_p, uint64_t *woken_p) {
+  (void)net, *blocks_p = 0, *woken_p = 0;
+}
+int coll__net_idle(coll__net_t *net, double *since, double until) { return (void)net, (void)since, (void)until, 0; }
+int coll__net_idle_fds(coll__net_t *net, double *since, double until, struct pollfd *extra, int nextra) {
+  return (void)net, (void)since, (void)until, (void)extra, (void)nextra, 0;
+}
 #else
 typedef int coll__net_none_unused; /* ISO C wants a declaration in every file */
 #endif

@@ -12,7 +12,8 @@
  *  - cq_data_size: at least the 4 bytes of a note, else the provider is refused.
  * Keys and notes' senders: net.h says what protects the pool and why (checked here).
  * Progress is manual on tcp: every call that waits reads the completion queue, and notes
- * that arrive while a flush waits for its own writes are queued for the next poll.
+ * that arrive while a flush waits for its own writes are queued for the next poll. Between
+ * empty polls a wait spins a little, then blocks on the CQ's wait object (net_wait.c).
  *
  * libfabric is opened with dlopen when the first endpoint is: a job on one node never loads
  * it (nor the verbs and rdmacm libraries it pulls in), and a machine without it gets one
@@ -21,6 +22,8 @@
  */
 #include "net.h"
 #ifdef COLL_NET_OFI
+#include "net_wait.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <rdma/fabric.h>
@@ -46,6 +49,7 @@
 #define NET_RX_POSTED 64          /* empty receives kept posted (message notes; FI_RX_CQ_DATA) */
 #define NET_CARD_MAGIC 0x48424e43u /* "HBNC" */
 #define NET_INTERRUPT_S 0.03       /* how often an idle wait asks whether to stop (Ctrl-C) */
+#define NET_SETTLING_S 0.001       /* a block while connections may be in setup: poll(2)'s least */
 
 typedef struct {
   uint32_t magic, addrlen;
@@ -91,19 +95,17 @@ struct coll__net {
   double timeout_s; /* bounds a write's retries and a flush; 0: none */
   int watch_fd;     /* a connection that closes when a node goes away; -1: none */
   unsigned idle;    /* empty polls since the watch was last looked at */
+  int watch_due;    /* a block saw it stir: look at once */
+  int settled;      /* a completion came since the last peer was added: its connection is up */
+  coll__net_waiter_t waiter; /* how waits block (net_wait.c) */
   char watch_what[64];
-  char line[192];
+  char line[320];
 };
 
 static double net_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* 1 once `until` (0: never) has passed, checked every 1024th call of a loop. */
-static int net_late(double until, unsigned spins) {
-  return until > 0 && (spins & 1023) == 0 && net_now() > until;
 }
 
 void coll__net_set_timeout(coll__net_t *n, double timeout_s) { n->timeout_s = timeout_s > 0 ? timeout_s : 0; }
@@ -116,7 +118,8 @@ void coll__net_watch(coll__net_t *n, int fd, const char *what) {
 /* COLL_EPEERLOST once the watched connection has closed (end of file or an error: its
  * other end's process or node is gone); data waiting on it is its owner's, not a loss. */
 static int net_watch_check(coll__net_t *n, char *err, size_t errlen) {
-  if (n->watch_fd < 0 || ++n->idle % 1024) return 0;
+  if (n->watch_fd < 0 || (!n->watch_due && ++n->idle % 1024)) return 0;
+  n->watch_due = 0;
   struct pollfd p = {.fd = n->watch_fd, .events = POLLIN};
   if (poll(&p, 1, 0) <= 0) return 0;
   if (!(p.revents & (POLLHUP | POLLERR | POLLNVAL))) {
@@ -220,15 +223,18 @@ static int net_draw_key(size_t key_size, uint64_t *key_p) {
 }
 
 static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
-  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = COLL_NET_WAIT_OBJ};
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
   int rc;
   if ((rc = net_fi.fabric(n->info->fabric_attr, &n->fabric, NULL)) != 0)
     return net_fail(err, errlen, rc, "fi_fabric");
   if ((rc = fi_domain(n->fabric, n->info, &n->domain, NULL)) != 0)
     return net_fail(err, errlen, rc, "fi_domain");
-  if ((rc = fi_cq_open(n->domain, &cq_attr, &n->cq, NULL)) != 0)
-    return net_fail(err, errlen, rc, "fi_cq_open");
+  if ((rc = fi_cq_open(n->domain, &cq_attr, &n->cq, NULL)) != 0) { /* no wait object: the waits yield */
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((rc = fi_cq_open(n->domain, &cq_attr, &n->cq, NULL)) != 0) return net_fail(err, errlen, rc, "fi_cq_open");
+  }
+  coll__net_waiter_open(&n->waiter, n->fabric, n->cq, cq_attr.wait_obj);
   if ((rc = fi_av_open(n->domain, &av_attr, &n->av, NULL)) != 0)
     return net_fail(err, errlen, rc, "fi_av_open");
   if ((rc = fi_endpoint(n->domain, n->info, &n->ep, NULL)) != 0)
@@ -343,8 +349,8 @@ static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_
     coll__net_close(n);
     return rc;
   }
-  snprintf(n->line, sizeof n->line, "provider %s, fabric %s, interface %s",
-           n->info->fabric_attr->prov_name, n->info->fabric_attr->name, n->info->domain_attr->name);
+  snprintf(n->line, sizeof n->line, "provider %s, fabric %s, interface %s, %s", n->info->fabric_attr->prov_name,
+           n->info->fabric_attr->name, n->info->domain_attr->name, n->waiter.how);
   *net_p = n;
   return 0;
 }
@@ -397,6 +403,7 @@ int coll__net_add_peer(coll__net_t *n, const uint8_t *card, size_t len, int *pee
   if (rc != 1) return net_fail(err, errlen, rc < 0 ? rc : -FI_EINVAL, "fi_av_insert (a peer's address)");
   p->base = h.base, p->key = h.key;
   *peer_p = n->npeers++;
+  n->settled = 0;
   return 0;
 }
 
@@ -445,6 +452,7 @@ static int net_read_one(coll__net_t *n, uint32_t *note_p, int *peer_p, char *err
     return ee.err ? -ee.err : -EIO;
   }
   if (got < 0) return net_fail(err, errlen, (int)got, "fi_cq_read");
+  n->settled = 1;
   int message = (e.flags & FI_RECV) && !(e.flags & FI_REMOTE_WRITE);
   if (message || (n->rx_cq_data && (e.flags & FI_REMOTE_CQ_DATA))) { /* it took one of our receives */
     int rc = net_post_receives(n, 1);
@@ -482,29 +490,29 @@ static int net_queue(coll__net_t *n, uint32_t note, int peer) {
   return 0;
 }
 
-/* One step of a wait inside this layer (a write's retries, a flush): the lost-node watch, the
- * time limit (`late` says what ran out of it), then one completion, a note kept for the next
- * poll. 0 to go on, or the failure. */
-static int net_step(coll__net_t *n, double until, unsigned spins, const char *late, char *err,
+/* One step of a wait inside this layer (a write's retries, a flush): the lost-node watch, one
+ * completion (a note kept for the next poll), else idling (coll__net_idle; *since: when the
+ * empty stretch began), the interrupt and the time limit (`late` says what ran out of it). 0 to
+ * go on, or the failure. */
+static int net_step(coll__net_t *n, double until, unsigned spins, double *since, const char *late, char *err,
                     size_t errlen) {
   int rc = net_watch_check(n, err, errlen);
   if (rc) return rc;
-  if (net_late(until, spins)) {
-    snprintf(err, errlen, "%s in %.0f s", late, n->timeout_s);
-    return -ETIMEDOUT;
-  }
   uint32_t got;
   int peer;
   rc = net_read_one(n, &got, &peer, err, errlen);
-  if (rc == 1) return net_queue(n, got, peer);
-  if (rc == 0) {
-    coll__net_idle(spins);
-    if ((spins & 255) == 0 && coll__net_interrupted(n)) {
-      snprintf(err, errlen, "interrupted by a signal while waiting on another node's rank");
-      return COLL_EINTERRUPTED;
-    }
+  if (rc == 1) return *since = 0, net_queue(n, got, peer);
+  if (rc) return rc;
+  int slept = coll__net_idle(n, since, until);
+  if ((slept || (spins & 255) == 0) && coll__net_interrupted(n)) {
+    snprintf(err, errlen, "interrupted by a signal while waiting on another node's rank");
+    return COLL_EINTERRUPTED;
   }
-  return rc;
+  if (until > 0 && (slept || (spins & 1023) == 0) && net_now() > until) {
+    snprintf(err, errlen, "%s in %.0f s", late, n->timeout_s);
+    return -ETIMEDOUT;
+  }
+  return 0;
 }
 
 /* Post one write from src (desc: its registration, NULL where the provider needs none); the
@@ -512,7 +520,7 @@ static int net_step(coll__net_t *n, double until, unsigned spins, const char *la
 static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_t to, size_t len,
                     uint32_t note, int sourced, uint64_t *sent_p, char *err, size_t errlen) {
   const net_peer_t *p = &n->peers[peer];
-  double until = n->timeout_s ? net_now() + n->timeout_s : 0;
+  double until = n->timeout_s ? net_now() + n->timeout_s : 0, since = 0;
   for (unsigned spins = 1;; spins++) {
     ssize_t rc = sourced ? fi_write(n->ep, src, len, desc, p->addr, p->base + to, p->key, sent_p)
                          : fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
@@ -520,7 +528,7 @@ static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, sourced ? "fi_write" : "fi_writedata");
     /* the provider wants progress (rxm connects on demand); it retries a peer that went away
      * for ever, hence the watch and the limit */
-    int r = net_step(n, until, spins, "a write to another node's rank found no way through", err, errlen);
+    int r = net_step(n, until, spins, &since, "a write to another node's rank found no way through", err, errlen);
     if (r) return r;
   }
   n->posted++;
@@ -529,11 +537,12 @@ static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_
     int r = coll__net_flush(n, err, errlen);
     if (r) return r;
   }
+  since = 0;
   for (unsigned spins = 1;; spins++) {
     ssize_t rc = fi_injectdata(n->ep, NULL, 0, note, p->addr);
     if (rc == 0) return 0;
     if (rc != -FI_EAGAIN) return net_fail(err, errlen, (int)rc, "fi_injectdata (a note)");
-    int r = net_step(n, until, spins, "a note to another node's rank found no way through", err, errlen);
+    int r = net_step(n, until, spins, &since, "a note to another node's rank found no way through", err, errlen);
     if (r) return r;
   }
 }
@@ -575,9 +584,9 @@ int coll__net_write_from(coll__net_t *n, int peer, const void *src, size_t len, 
 }
 
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {
-  double until = n->timeout_s ? net_now() + n->timeout_s : 0;
+  double until = n->timeout_s ? net_now() + n->timeout_s : 0, since = 0;
   for (unsigned spins = 1; n->completed < n->posted; spins++) {
-    int r = net_step(n, until, spins, "writes to another node's rank did not complete", err, errlen);
+    int r = net_step(n, until, spins, &since, "writes to another node's rank did not complete", err, errlen);
     if (r) return r;
   }
   return 0;
@@ -592,6 +601,19 @@ int coll__net_poll_from(coll__net_t *n, uint32_t *note_p, int *peer_p, char *err
   int rc = net_read_one(n, note_p, peer_p, err, errlen);
   return rc == 0 ? net_watch_check(n, err, errlen) : rc;
 }
+
+int coll__net_idle_fds(coll__net_t *n, double *since, double until, struct pollfd *extra, int nextra) {
+  double most = n->settled ? NET_INTERRUPT_S : NET_SETTLING_S; /* net_wait.c: Connections */
+  int rc = coll__net_waiter_idle(&n->waiter, since, until, most, n->watch_fd, extra, nextra);
+  if (rc == 2) n->watch_due = 1;
+  return rc != 0;
+}
+
+void coll__net_wait_counts(const coll__net_t *n, uint64_t *blocks_p, uint64_t *woken_p) {
+  *blocks_p = n->waiter.blocks, *woken_p = n->waiter.woken;
+}
+
+int coll__net_idle(coll__net_t *n, double *since, double until) { return coll__net_idle_fds(n, since, until, NULL, 0); }
 
 int coll__net_poll(coll__net_t *n, uint32_t *note_p, char *err, size_t errlen) {
   int peer;

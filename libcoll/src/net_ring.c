@@ -127,25 +127,27 @@ static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
 }
 
-/* Until `what` for transfer t: every note that arrives meanwhile is kept by number. */
+/* Until `what` for transfer t: every note that arrives meanwhile is kept by number. Between
+ * empty polls the bridge spins a little, then blocks in the kernel (coll__net_idle); after a
+ * block, and every few hundred polls, the interrupt and the deadline are looked at. */
 static int ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s, char *err,
                      size_t errlen) {
-  double until = timeout_s > 0 ? ring_now() + timeout_s : 0;
+  double until = timeout_s > 0 ? ring_now() + timeout_s : 0, since = 0;
   for (unsigned spins = 0; !ring_ready(r, what, t); spins++) {
     uint32_t note;
     int rc = coll__net_poll(r->net, &note, err, errlen);
     if (rc < 0) return rc;
     if (rc == 1) {
       ring_keep(r, note);
-      spins = 0;
+      spins = 0, since = 0;
       continue;
     }
-    coll__net_idle(spins);
-    if ((spins & 255) == 0 && coll__net_interrupted(r->net)) {
+    int slept = coll__net_idle(r->net, &since, until);
+    if ((slept || (spins & 255) == 0) && coll__net_interrupted(r->net)) {
       snprintf(err, errlen, "interrupted while waiting for %s (transfer %u)", ring_waits_for[what], (unsigned)t);
       return COLL_EINTERRUPTED;
     }
-    if (until && (spins & 1023) == 0 && ring_now() > until) {
+    if (until && (slept || (spins & 1023) == 0) && ring_now() > until) {
       snprintf(err, errlen, "waited %.0f s for %s (transfer %u)", timeout_s, ring_waits_for[what], (unsigned)t);
       return -ETIMEDOUT;
     }

@@ -36,6 +36,7 @@
 #define HARNESS_NAME_WIDTH 48
 #include "harness.h"
 #include "netns.h"
+#include "net_members.h"
 
 #define POOL (1 << 20)
 
@@ -97,37 +98,6 @@ static uint64_t checksum(const uint8_t *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
   return h;
-}
-
-/* One member: join the ring, run every case, report each result's checksum. */
-/* Enter node `me`, open an endpoint, swap cards through the parent, make the ring: 0, or
- * the member's exit code. */
-static int join(int me, int n, int fd, const netns_t *ns, coll__net_t **net_p, coll__net_ring_t **ring_p) {
-  char err[256] = "";
-  coll__net_t *net = NULL;
-  setenv("FI_PROVIDER", "tcp", 1);
-  setenv("FI_TCP_IFACE", "hbnet0", 1);
-  if (netns_enter(ns, me) != 0) return 10;
-  int rc = coll__net_open("hbnet0", POOL, &net, err, sizeof err);
-  if (rc) return fprintf(stderr, "member %d: open: %s\n", me, err), 11;
-  uint8_t card[COLL_NET_CARD_MAX], all[MAX_RANKS][COLL_NET_CARD_MAX];
-  uint32_t len = (uint32_t)coll__net_card(net, card), lens[MAX_RANKS];
-  if (write(fd, &len, 4) != 4 || write(fd, card, len) != (ssize_t)len ||
-      read(fd, lens, sizeof lens) != sizeof lens || read(fd, all, sizeof all) != sizeof all)
-    return 12;
-  int left = -1, right = -1;
-  int lm = (me + n - 1) % n, rm = (me + 1) % n;
-  if ((rc = coll__net_add_peer(net, all[lm], lens[lm], &left, err, sizeof err)) != 0) return 13;
-  if (rm == lm) right = left;
-  else if ((rc = coll__net_add_peer(net, all[rm], lens[rm], &right, err, sizeof err)) != 0) return 13;
-  if (coll__net_ring_make(net, n, me, left, right, ring_p) != 0) return 14;
-  for (int m = 0; m < n; m++) { /* every member reached: small allgathers take log2 n steps */
-    int peer = m == lm ? left : m == rm ? right : -1;
-    if (m != me && peer < 0 && coll__net_add_peer(net, all[m], lens[m], &peer, err, sizeof err) != 0) return 13;
-    if (m != me && coll__net_ring_reach(*ring_p, m, peer) != 0) return 14;
-  }
-  *net_p = net;
-  return 0;
 }
 
 /* Allgather of blocks from 0 bytes to several chunks: block m must hold member m's bytes. */
@@ -219,7 +189,7 @@ static int member(int me, int n, int fd, const netns_t *ns) {
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, &net, &ring);
+  int rc = join(me, n, fd, ns, POOL, &net, &ring);
   if (rc) return rc;
   size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20};
   int bad = 0;
@@ -270,7 +240,7 @@ static int member_dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, &net, &ring);
+  int rc = join(me, n, fd, ns, POOL, &net, &ring);
   if (rc || me == 1) _exit(rc); /* the endpoint goes with the process, unannounced */
   usleep(200000);
   static float buf[1 << 20];
@@ -282,20 +252,6 @@ static int member_dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
   if (getenv("HBMCOLL_TEST_VERBOSE")) fprintf(stderr, "member 0: %d after %.1f s: %s\n", rc, dt, err);
   if (watch_fd >= 0) return rc == COLL_EPEERLOST && strstr(err, "node 1") && dt < 5 ? 0 : 19;
   return rc != 0 && err[0] && dt < 10 ? 0 : 19;
-}
-
-/* The parent's side of the out-of-band exchange: every member's card (on fds[m]) to every
- * member. 1 when all came and went out. */
-static int swap_cards(int fds[][2], int n) {
-  uint32_t lens[MAX_RANKS] = {0};
-  uint8_t cards[MAX_RANKS][COLL_NET_CARD_MAX];
-  int ok = 1;
-  for (int m = 0; m < n; m++)
-    ok &= read(fds[m][0], &lens[m], 4) == 4 && lens[m] <= COLL_NET_CARD_MAX &&
-          read(fds[m][0], cards[m], lens[m]) == (ssize_t)lens[m];
-  for (int m = 0; ok && m < n; m++)
-    ok &= write(fds[m][0], lens, sizeof lens) == sizeof lens && write(fds[m][0], cards, sizeof cards) == sizeof cards;
-  return ok;
 }
 
 static void run_dead(const char *name, int watched) {
