@@ -46,24 +46,27 @@ void coll__cma_publish_probe(coll_comm_t *c) {
   me->cma_value = c->cma_probe;
 }
 
-/* After a barrier that follows every rank's coll__cma_publish_probe. */
-void coll__cma_check_peers(coll_comm_t *c) {
-  coll__ctl_t *me = &c->ctl[c->rank];
-  int ok = c->params.cma && c->size <= COLL_CMA_MAX_RANKS;
-  for (int q = 0; q < c->size && ok; q++) {
+/* Whether this rank can read every peer's probe word (published before a barrier): the peers
+ * in its pid namespace, each read back with process_vm_readv. */
+int coll__cma_reads_peers(const coll_comm_t *c) {
+  const coll__ctl_t *me = &c->ctl[c->rank];
+  for (int q = 0; q < c->size; q++) {
     if (q == c->rank) continue;
     const coll__ctl_t *peer = &c->ctl[q];
-    if (peer->pidns == 0 || peer->pidns != me->pidns) {
-      ok = 0;
-      break;
-    }
+    if (peer->pidns == 0 || peer->pidns != me->pidns) return 0;
     uint64_t got = 0;
     struct iovec local = {&got, sizeof got};
     struct iovec remote = {(void *)(uintptr_t)peer->cma_addr, sizeof got};
-    ok = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got &&
-         got == peer->cma_value;
+    if (process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof got || got != peer->cma_value)
+      return 0;
   }
-  me->cma_ok = ok ? 1 : 2;
+  return 1;
+}
+
+/* After a barrier that follows every rank's coll__cma_publish_probe. */
+void coll__cma_check_peers(coll_comm_t *c) {
+  int ok = c->params.cma && c->size <= COLL_CMA_MAX_RANKS && coll__cma_reads_peers(c);
+  c->ctl[c->rank].cma_ok = ok ? 1 : 2;
 }
 
 /* After a second barrier: the verdict of all ranks. */

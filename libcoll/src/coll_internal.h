@@ -194,6 +194,7 @@ int coll__bootstrap(coll_comm_t *c, int *fd_inout, char *err, size_t errlen);
 /* ---- cma.c: single copy between private buffers (process_vm_readv/writev) ---- */
 #define COLL_CMA_MAX_RANKS 8
 void coll__cma_publish_probe(coll_comm_t *c);
+int coll__cma_reads_peers(const coll_comm_t *c);
 void coll__cma_check_peers(coll_comm_t *c);
 void coll__cma_agree(coll_comm_t *c);
 int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_t n, int write);

@@ -88,22 +88,8 @@ void coll__p2p_wake_all(coll_comm_t *c) {
 
 /* Between creation's two barriers: every rank's probe word is published (cma.c). */
 void coll__p2p_probe(coll_comm_t *c) {
-  coll__ctl_t *me = &c->ctl[c->rank];
-  int ok = c->params.p2p_cma;
-  for (int q = 0; q < c->size && ok; q++) {
-    if (q == c->rank) continue;
-    const coll__ctl_t *peer = &c->ctl[q];
-    if (peer->pidns == 0 || peer->pidns != me->pidns) {
-      ok = 0;
-      break;
-    }
-    uint64_t got = 0;
-    struct iovec local = {&got, sizeof got};
-    struct iovec remote = {(void *)(uintptr_t)peer->cma_addr, sizeof got};
-    ok = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got &&
-         got == peer->cma_value;
-  }
-  atomic_store(&me->p2p_cma, ok ? 1 : 2);
+  int ok = c->params.p2p_cma && coll__cma_reads_peers(c);
+  atomic_store(&c->ctl[c->rank].p2p_cma, ok ? 1 : 2);
 }
 
 int coll__p2p_pulls(coll__p2p_t *p, int peer) {
