@@ -1,4 +1,4 @@
-"""Allreduce across two emulated nodes: hbmcoll against gloo and MPICH over the same links.
+"""Allreduce across two emulated nodes: hbmcoll against gloo, MPICH and Open MPI over the same links.
 
     sudo python3 bench/net_bridge.py [--sizes 8,65536,1048576,16777216] [--rounds 3]
                                      [--per-node 1,2] [--rates none,2gbit] [--seconds 1]
@@ -9,7 +9,9 @@ and ranks per node, in each round and in turn (the order rotates): hbmcoll.init(
 (the library's whole path: shared memory in the node, the bridge's rings between, NumPy
 buffers), torch's gloo under torchrun, mpi4py + MPICH under hydra (an ssh stand-in enters the
 other namespace; UCX_TLS=tcp,self, as otherwise UCX's shared memory crosses the namespaces),
-and with one rank per node the bridge's ring alone (build/net_bench, the C path). Each worker is
+mpi4py + Open MPI under its mpiexec where `make openmpi-peer` built it (ob1 with the vader BTL
+in a node and tcp on the nodes' link only, as Open MPI's FAQ configures tcp), and with one rank
+per node the bridge's ring alone (build/net_bench, the C path). Each worker is
 bench/nodes_worker.py (float32 sum, the slowest rank's mean per call); the best round is kept.
 The link's ceiling is fi_pingpong's bandwidth (libfabric tcp, 16 MiB messages) in the same run.
 The namespaces are removed at the end, also on Ctrl-C. A benchmark: nothing is asserted.
@@ -71,6 +73,27 @@ def run_mpich(nodes, per_node, sizes, seconds):
     return _report("mpich", _times(out), sizes, [err])
 
 
+OMPI_PYTHON = os.path.join(ROOT, "build", "ompi-venv", "bin", "python")
+
+
+def run_openmpi(nodes, per_node, sizes, seconds):
+    """mpi4py over Open MPI: the ob1 pml, vader between the ranks of a node (Open MPI tells nodes
+    apart by its daemons, one per host), tcp between the nodes on hbnet0 only (btl_tcp_if_include,
+    oob_tcp_if_include: the FAQ's way to keep tcp to one interface)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ssh = nodes.ssh_stand_in(os.path.join(tmp, "ssh"))
+        hosts = ",".join(f"{a}:{per_node}" for a in nodes.addrs)
+        mca = {"plm_rsh_agent": ssh, "pml": "ob1", "btl": "vader,tcp,self", "btl_tcp_if_include": "hbnet0",
+               "oob_tcp_if_include": "hbnet0"}
+        argv = ["mpiexec.openmpi", "--allow-run-as-root", "--host", hosts, "-np", str(NODES * per_node)]
+        for k, v in mca.items():
+            argv += ["--mca", k, v]
+        p = nodes.popen(0, argv + [OMPI_PYTHON, WORKER, "openmpi", ",".join(map(str, sizes)), str(seconds)],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        (rc, out, err), = finish([p], 900)
+    return _report("openmpi", _times(out), sizes, [err])
+
+
 def run_ring(nodes, per_node, sizes, seconds):
     out = subprocess.run([os.path.join(ROOT, "build", "net_bench"), ",".join(nodes.names), "-s",
                           ",".join(map(str, sizes)), "-t", str(seconds)], capture_output=True, text=True,
@@ -92,16 +115,18 @@ def link_ceiling(nodes):
 
 
 def table(best, sizes, per_node, rate, ceiling, cpu, rounds):
-    libs = [lib for lib in ("hbmcoll", "gloo", "mpich", "ring") if best.get(lib)]
+    libs = [lib for lib in ("hbmcoll", "gloo", "mpich", "openmpi", "ring") if best.get(lib)]
     print(f"\n{NODES} nodes x {per_node} rank(s), allreduce float32 sum, us per call (best of {rounds} rounds; "
           f"{cpu}, {os.cpu_count()} CPUs; link {'capped at ' + rate if rate else 'uncapped'}, "
           f"fi_pingpong {'%.2f Gbit/s' % ceiling if ceiling else 'not measured'})")
-    print("| bytes | " + " | ".join(libs) + " | gloo/hbmcoll | mpich/hbmcoll | hbmcoll bus bandwidth |")
-    print("|---" * (len(libs) + 4) + "|")
+    peers = [p for p in ("gloo", "mpich", "openmpi") if best.get(p)]
+    print("| bytes | " + " | ".join(libs) + " | " + " | ".join(f"{p}/hbmcoll" for p in peers) +
+          " | hbmcoll bus bandwidth |")
+    print("|---" * (len(libs) + len(peers) + 2) + "|")
     for size in sizes:
         h = best["hbmcoll"].get(size)
         cells = ["%.1f" % best[lib][size] if size in best[lib] else "-" for lib in libs]
-        ratio = ["%.2fx" % (best[p][size] / h) if h and size in best.get(p, {}) else "-" for p in ("gloo", "mpich")]
+        ratio = ["%.2fx" % (best[p][size] / h) if h and size in best.get(p, {}) else "-" for p in peers]
         bus = "%.2f Gbit/s" % (2 * (NODES - 1) / NODES * size * 8 / (h * 1e3)) if h else "-"
         print(f"| {size} | " + " | ".join(cells + ratio) + f" | {bus} |")
 
@@ -124,6 +149,10 @@ def main():
             for per_node in [int(x) for x in a.per_node.split(",")]:
                 runs = [("hbmcoll", lambda *x: run_torchrun("hbmcoll", *x)),
                         ("gloo", lambda *x: run_torchrun("gloo", *x)), ("mpich", run_mpich)]
+                if os.path.exists(OMPI_PYTHON):
+                    runs.append(("openmpi", run_openmpi))
+                elif per_node == 1 and rate is None:
+                    print("Open MPI: not measured (`make openmpi-peer` builds its mpi4py)", file=sys.stderr)
                 if per_node == 1:
                     runs.append(("ring", run_ring))
                 best = {label: {} for label, _ in runs}

@@ -1,11 +1,11 @@
 """One rank of bench/net_bridge.py: allreduce float32 sum timed through one library across the
 emulated nodes, the same way for each.
 
-    nodes_worker.py LIB SIZES SECONDS      LIB: hbmcoll | gloo | mpich
+    nodes_worker.py LIB SIZES SECONDS      LIB: hbmcoll | gloo | mpich | openmpi
 
 hbmcoll: hbmcoll.init() (the library's whole path across nodes, NumPy buffers), under torchrun;
-gloo: torch.distributed's gloo, under torchrun; mpich: mpi4py's Allreduce over MPICH, under
-hydra. Per size: WARMUP calls to warm up, then as many calls as fit in SECONDS (rank 0's estimate,
+gloo: torch.distributed's gloo, under torchrun; mpich and openmpi: mpi4py's Allreduce over MPICH
+under hydra, or over Open MPI under its mpiexec (the mpi4py of build/ompi-venv). Per size: WARMUP calls to warm up, then as many calls as fit in SECONDS (rank 0's estimate,
 broadcast), between barriers; rank 0 prints the slowest rank's mean per call.
 """
 import sys
@@ -41,7 +41,7 @@ def library(name):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return float(t)
         return dist.get_rank(), allreduce, bcast, dist.barrier, max_of, dist.destroy_process_group
-    if name == "mpich":
+    if name in ("mpich", "openmpi"):
         from mpi4py import MPI
         w = MPI.COMM_WORLD
         return (w.Get_rank(), lambda a: w.Allreduce(MPI.IN_PLACE, a, MPI.SUM), lambda a: w.Bcast(a, 0),

@@ -302,6 +302,18 @@ static int p2p_give_up(coll__p2p_t *p, coll__p2p_op_t *op, int rc) {
 }
 
 /* Blocking calls: op lives on the caller's stack. */
+/* A send joins its peer's queue (and the helper is told), a receive is matched or posted.
+ * Under p->lock. */
+static void p2p_enqueue(coll__p2p_t *p, coll__p2p_op_t *op) {
+  if (op->send) {
+    op->stage = OP_QUEUED;
+    coll__p2p_list_push(&p->outq[op->peer], op);
+    coll__p2p_push(p, op->peer);
+  } else {
+    coll__p2p_post_recv(p, op);
+  }
+}
+
 static int p2p_block(coll_comm_t *c, coll__p2p_op_t *op) {
   coll__p2p_t *p = p2p_get(c);
   if (p == NULL) return -ENOMEM;
@@ -311,13 +323,7 @@ static int p2p_block(coll_comm_t *c, coll__p2p_op_t *op) {
     return COLL_EABORTED;
   }
   op->p = p;
-  if (op->send) {
-    op->stage = OP_QUEUED;
-    coll__p2p_list_push(&p->outq[op->peer], op);
-    coll__p2p_push(p, op->peer);
-  } else {
-    coll__p2p_post_recv(p, op);
-  }
+  p2p_enqueue(p, op);
   int rc = p2p_done(op) ? 0 : p2p_wait(p, op, p2p_until(c, -1), 1);
   rc = rc == 0 ? op->result : p2p_give_up(p, op, rc);
   pthread_mutex_unlock(&p->lock);
@@ -363,13 +369,7 @@ static int p2p_start(coll_comm_t *c, coll__p2p_op_t *tmpl, coll_req_t **req_p) {
   op->lnext = p->live;
   if (p->live) p->live->lprev = op;
   p->live = op;
-  if (op->send) {
-    op->stage = OP_QUEUED;
-    coll__p2p_list_push(&p->outq[op->peer], op);
-    coll__p2p_push(p, op->peer);
-  } else {
-    coll__p2p_post_recv(p, op);
-  }
+  p2p_enqueue(p, op);
   pthread_mutex_unlock(&p->lock);
   *req_p = req;
   return 0;
