@@ -191,7 +191,9 @@ typedef struct {
  * a node is lost, -ETIMEDOUT, COLL_EINTERRUPTED, COLL_EABORTED) ends it on every rank of every
  * node; coll_comm_settle waits for the started calls; coll_comm_free is collective between the
  * nodes' ring ranks (each waits, at most 60 s, for the others' goodbye, so no endpoint closes under
- * a peer's write); coll_comm_split returns COLL_ENOTSUP (not built across nodes yet).
+ * a peer's write); coll_comm_split makes a node's communicator where a group is on one node, else
+ * another that spans nodes (its own rings, found over the parent: no new rendezvous or port); in a
+ * rank, a failure of either ends both, and a lost rank is COLL_EPEERLOST wherever a call needs it.
  *
  * Returns 0 and *comm_p, or COLL_EBADARG (a malformed or missing variable: the text names it),
  * COLL_EBOOTSTRAP (the nodes could not meet or do not agree: the text names the address, port and
@@ -208,8 +210,7 @@ int coll_job_create(const coll_job_config_t *config, coll_comm_t **comm_p);
  * fails `comm` as coll_run does) or of coll_comm_create (building the new
  * communicator). *comm_p is untouched on failure; nothing is left to free. */
 int coll_comm_split(coll_comm_t *comm, int color, int key, coll_comm_t **comm_p);
-/* (On a communicator that spans nodes: COLL_ENOTSUP, nothing communicated; split the job's ranks
- * with the Python package for now.) */
+/* (On a communicator that spans nodes, coll_job_create says what the groups become.) */
 /* (If a rank cannot create its part (out of fds, Ctrl-C), `comm` fails on every
  * rank with that reason: the members of its group stop waiting for it.) */
 

@@ -250,7 +250,7 @@ static int comm_member_cmp(const void *x, const void *y) {
 int coll_comm_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   if (c == NULL || comm_p == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
-  if (c->span) return COLL_ENOTSUP; /* not built across nodes yet (coll.h) */
+  if (c->span) return coll__span_split(c, color, key, comm_p); /* nodes_split.c */
   comm_member_t mine = {color < 0 ? -1 : color, key, c->rank};
   comm_member_t *all = calloc((size_t)c->size, sizeof *all);
   if (all == NULL) return -ENOMEM;

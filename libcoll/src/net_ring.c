@@ -31,6 +31,8 @@
 #define RING_CREDIT 0x80000000u /* a note's top bit: credit (from the right), else data */
 #define RING_HOP 0x40000000u    /* the next bit: a step of the small allgather (ring_hops) */
 #define RING_NUM 0x3fffffffu    /* the rest: the transfer's or step's number */
+#define RING_BYE (RING_CREDIT | RING_HOP | RING_NUM) /* a goodbye (coll__net_ring_goodbye): a "ready"
+                                                        * of the one number no shift starts at */
 #define RING_SEEN 8             /* notes kept by number, per kind */
 #define HOP_SEEN 32             /* steps kept by number: 4 allgathers of up to 8 steps */
 #define RING_SCRATCH 4096       /* the pool's tail: where credits land */
@@ -51,6 +53,7 @@ struct coll__net_ring {
   int cur_left, cur_right;  /* the neighbours of the last run (a shift has others) */
   uint32_t fresh;           /* the first transfer since they changed: no credit before it */
   size_t hop_area;    /* the pool's bytes before the scratch: the small allgather's two areas */
+  int byes;           /* goodbyes from the other members */
 };
 
 static size_t ring_send_off(const coll__net_ring_t *r, uint32_t t) { return (t & 1) * r->chunk; }
@@ -106,6 +109,10 @@ static double ring_now(void) {
 
 static void ring_keep(coll__net_ring_t *r, uint32_t note) {
   uint32_t num = note & RING_NUM;
+  if (note == RING_BYE) {
+    r->byes++;
+    return;
+  }
   if ((note & RING_HOP) && (note & RING_CREDIT)) r->ready_seen[num % RING_SEEN] = num;
   else if (note & RING_HOP) r->hop_seen[num % HOP_SEEN] = num;
   else ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
@@ -113,17 +120,19 @@ static void ring_keep(coll__net_ring_t *r, uint32_t note) {
 
 /* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
  * completion of my write from send slot t % 2. */
-enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF };
+enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF, RING_BYES };
 static const char *const ring_waits_for[] = {"data from the previous node's rank",
                                              "credit from the next node's rank",
                                              "my write to the next node's rank to complete",
                                              "blocks from another node's rank",
-                                             "another node's rank to be ready"};
+                                             "another node's rank to be ready",
+                                             "the other nodes' ranks' goodbyes"};
 
 static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
   if (what == RING_HOP_OF) return r->hop_seen[t % HOP_SEEN] == t;
   if (what == RING_READY_OF) return r->ready_seen[t % RING_SEEN] == t;
+  if (what == RING_BYES) return r->byes >= r->n - 1;
   return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
 }
 
@@ -348,4 +357,20 @@ int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, doubl
   for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
   if (reached) return ring_hops(r, buf, block, timeout_s, err, errlen);
   return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
+}
+
+/* Every member writes a goodbye to every other and waits for theirs, then for its own writes: a
+ * member's goodbye comes behind everything it wrote before (one connection keeps the order), so once
+ * all came nothing more will be written into my pool, and none of my writes is left to complete. */
+int coll__net_ring_goodbye(coll__net_ring_t *r, double timeout_s, char *err, size_t errlen) {
+  int rc = 0;
+  coll__net_set_timeout(r->net, timeout_s);
+  for (int m = 0; m < r->n && rc == 0; m++) {
+    if (m == r->me) continue;
+    if (r->reach[m] < 0) return COLL_EBADARG;
+    rc = coll__net_write(r->net, r->reach[m], ring_scratch_off(r), ring_scratch_off(r), 1, RING_BYE, NULL, err,
+                         errlen);
+  }
+  if (rc == 0) rc = ring_wait(r, RING_BYES, 0, timeout_s, err, errlen);
+  return rc ? rc : coll__net_flush(r->net, err, errlen);
 }

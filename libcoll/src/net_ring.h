@@ -63,4 +63,10 @@ int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *d
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
 
+/* Collective, the ring's last call: once it returns no member writes into my pool any more and my
+ * writes completed, so the endpoint may close under nobody (a member that closed while a neighbour
+ * still had a credit to post would leave that write retrying for ever). Every member must have been
+ * reached (coll__net_ring_reach), else COLL_EBADARG. Returns as coll__net_ring_allreduce. */
+int coll__net_ring_goodbye(coll__net_ring_t *ring, double timeout_s, char *err, size_t errlen);
+
 #endif /* COLL_NET_RING_H */

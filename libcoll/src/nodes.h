@@ -3,7 +3,8 @@
  * bridge (nodes_comm.c), the rendezvous of the nodes (nodes_meet.c, authenticated with
  * nodes_sha256.c), the connections that notice a lost node (nodes_watch.c), who is where and the
  * rings (nodes_join.c), and the launcher's variables (nodes_env.c). The same steps as the Python
- * package's nodes.py and layout.py, which stay its own path for now.
+ * package's nodes/rendezvous.py and nodes/layout.py, which stay its own path for now. A split of
+ * such a communicator is one too (nodes_split.c).
  */
 #ifndef COLL_NODES_H
 #define COLL_NODES_H
@@ -79,6 +80,10 @@ typedef struct {
   int nodes, node, rings, size;
   const int *node_of, *local_of; /* [size] */
   double timeout_s;
+  const char *iface;          /* the bridge's interface (NULL: the provider's first), for splits */
+  size_t pool_bytes;          /* each endpoint's pool (0: COLL__NODES_POOL), for splits */
+  const coll_comm_t *parent;  /* a split's: its watched connection is shared (a duplicate of its
+                               * fd), so a failure in either ends both; NULL for the job's own */
 } coll__span_config_t;
 /* The job's communicator over these parts, which it takes in every case (freed on failure too).
  * Returns 0 and *comm_p, or COLL_EBADARG (a layout that does not add up) / -ENOMEM with a
@@ -89,6 +94,14 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
 coll_comm_t *coll__comm_failed(int rank, int size, int code, const char *text);
 
 /* The public functions' branches for a spanning communicator (c->span != NULL). */
+int coll__span_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p); /* nodes_split.c */
+/* What a split takes from its parent. */
+const char *coll__span_iface(const coll_comm_t *c);
+size_t coll__span_pool_bytes(const coll_comm_t *c);
+double coll__span_timeout(const coll_comm_t *c);
+int coll__span_node_index(const coll_comm_t *c);
+/* Ends c on every rank of every node with this sentence (the layer's failure, hier.c). */
+void coll__span_fail(coll_comm_t *c, int code, const char *text);
 int coll__span_run(coll_comm_t *c, const coll_args_t *a);
 int coll__span_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p);
 int coll__span_settle(coll_comm_t *c);
@@ -111,6 +124,13 @@ typedef struct {
   double wait_s;            /* every wait's afterwards (<= 0: none) */
   size_t pool_bytes;        /* each endpoint's registered pool (0: 4 MiB) */
 } coll__nodes_join_t;
+/* Ring `me` of n members over endpoint net from the members' cards (every member reached, for the
+ * small allgather). 0 and *ring_p, or a failure with a sentence in err. */
+int coll__nodes_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards, coll__net_ring_t **ring_p,
+                     char *err, size_t errlen);
+/* This rank's endpoint, its pool in node's arena where it fits (else its own). */
+int coll__nodes_open(coll_comm_t *node, const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+                     size_t errlen);
 /* Collective over the node's communicator `node` (taken: freed on failure too): the nodes meet,
  * check the layout, build the rings. Returns 0 and *comm_p, or a failure with a sentence in err
  * that names the address, port and node where it applies. */

@@ -12,10 +12,13 @@
  * the watched connection, so the other nodes' waits end with COLL_EPEERLOST.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "coll_internal.h"
@@ -27,8 +30,23 @@ struct coll__span {
   coll__net_ring_t *ring;
   coll__nodes_watch_t *watch;
   coll__hier_t *hier;
+  int watch_dup;     /* a split's duplicate of its parent's watched fd (closed here), -1 none */
+  char iface[64];    /* what a split opens its endpoints on ("" the provider's first) */
+  size_t pool_bytes;
+  double timeout_s;
   char text[COLL__NODES_TEXT]; /* the sentence of the last disagreement or bad argument */
 };
+
+/* The fd the layer shuts on a failure and the bridge watches: the rendezvous' or the parent's. */
+static int span_watch_fd(const coll__span_t *s) {
+  return s->watch ? coll__nodes_watch_fd(s->watch) : s->watch_dup;
+}
+
+const char *coll__span_iface(const coll_comm_t *c) { return c->span->iface[0] ? c->span->iface : NULL; }
+size_t coll__span_pool_bytes(const coll_comm_t *c) { return c->span->pool_bytes; }
+double coll__span_timeout(const coll_comm_t *c) { return c->span->timeout_s; }
+int coll__span_node_index(const coll_comm_t *c) { return c->span->hier->cfg.node; }
+void coll__span_fail(coll_comm_t *c, int code, const char *text) { coll__hier_fail(c->span->hier, code, text); }
 
 coll_comm_t *coll__comm_here(const coll_comm_t *c) {
   return c && c->span ? c->span->node : (coll_comm_t *)c;
@@ -38,9 +56,14 @@ static void span_parts_free(coll__span_t *s, int graceful) {
   coll__hier_free(s->hier); /* its request engine first: queued requests end with COLL_EABORTED */
   if (graceful) coll__nodes_watch_close(s->watch, 60); /* the other nodes' writes to us completed */
   else coll__nodes_watch_abort(s->watch);
+  if (graceful && s->watch == NULL && s->ring) { /* a split's ring: the goodbye stands for the watch's */
+    char err[COLL__NODES_TEXT];
+    (void)coll__net_ring_goodbye(s->ring, s->timeout_s > 0 && s->timeout_s < 60 ? s->timeout_s : 60, err, sizeof err);
+  }
   coll__net_ring_free(s->ring);
   coll__net_close(s->net);
   coll_comm_free(s->node);
+  if (s->watch_dup >= 0) close(s->watch_dup);
   free(s);
 }
 
@@ -59,12 +82,17 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   coll__span_t *s = calloc(1, sizeof *s);
   coll_comm_t *c = calloc(1, sizeof *c);
   int rc = s && c ? 0 : -ENOMEM;
-  if (s) *s = (coll__span_t){.node = cfg->local, .net = cfg->net, .ring = cfg->ring, .watch = cfg->watch};
+  if (s) {
+    *s = (coll__span_t){.node = cfg->local, .net = cfg->net, .ring = cfg->ring, .watch = cfg->watch, .watch_dup = -1,
+                        .pool_bytes = cfg->pool_bytes, .timeout_s = cfg->timeout_s};
+    snprintf(s->iface, sizeof s->iface, "%s", cfg->iface ? cfg->iface : "");
+    int parent_fd = cfg->parent ? span_watch_fd(cfg->parent->span) : -1;
+    if (parent_fd >= 0 && (s->watch_dup = fcntl(parent_fd, F_DUPFD_CLOEXEC, 0)) < 0) rc = -errno;
+  }
   if (rc == 0) {
     coll__hier_config_t h = {.local = cfg->local, .ring = cfg->nodes > 1 ? cfg->ring : NULL, .nodes = cfg->nodes,
                              .node = cfg->node, .rings = cfg->rings, .size = cfg->size, .node_of = cfg->node_of,
-                             .local_of = cfg->local_of, .timeout_s = cfg->timeout_s,
-                             .watch_fd = coll__nodes_watch_fd(cfg->watch)};
+                             .local_of = cfg->local_of, .timeout_s = cfg->timeout_s, .watch_fd = span_watch_fd(s)};
     rc = coll__hier_make(&h, &s->hier, err, errlen);
   } else {
     snprintf(err, errlen, "out of memory for the communicator across nodes");
@@ -81,7 +109,7 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   c->params = cfg->local->params;
   c->span = s;
   if (s->net) coll__net_set_interrupt(s->net, cfg->local->interrupt_fn, cfg->local->interrupt_arg);
-  if (s->net && s->watch) coll__net_watch(s->net, coll__nodes_watch_fd(s->watch), "the job's other nodes");
+  if (s->net && span_watch_fd(s) >= 0) coll__net_watch(s->net, span_watch_fd(s), "the job's other nodes");
   *comm_p = c;
   return 0;
 }
@@ -93,9 +121,22 @@ static int span_note(coll__span_t *s, int rc, const char *err) {
   return rc;
 }
 
-/* The watch counts calls: a call made after another node's ranks closed never completes. */
+/* A split's parent ended (its watched connection reached end of file, or failed)? */
+static int span_parent_ended(const coll__span_t *s) {
+  if (s->watch || s->watch_dup < 0) return 0;
+  struct pollfd p = {.fd = s->watch_dup, .events = POLLIN};
+  if (poll(&p, 1, 0) <= 0) return 0;
+  char byte;
+  return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) || recv(s->watch_dup, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* The watch counts calls: a call made after another node's ranks closed never completes. A split
+ * has no watch of its own: it ends with its parent. */
 static int span_began(coll_comm_t *c, char *err, size_t errlen) {
   int rc = coll__nodes_watch_began(c->span->watch, err, errlen);
+  if (rc == 0 && span_parent_ended(c->span))
+    rc = COLL_EPEERLOST, snprintf(err, errlen, "the communicator this one was split from ended: a node or rank of "
+                                  "the job was lost or failed");
   if (rc) coll__hier_fail(c->span->hier, rc, err);
   return rc;
 }

@@ -199,7 +199,7 @@ static int join_layout_read(const uint8_t *m, size_t len, int size, int rank, jo
 }
 
 /* ---- the rings ---- */
-static int join_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards, coll__net_ring_t **ring_p,
+int coll__nodes_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards, coll__net_ring_t **ring_p,
                      char *err, size_t errlen) {
   int *peer = malloc((size_t)n * sizeof *peer), rc = peer ? 0 : -ENOMEM;
   for (int m = 0; m < n && peer; m++) peer[m] = -1;
@@ -216,11 +216,12 @@ static int join_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards,
   return rc;
 }
 
-static int join_open(coll_comm_t *node, const coll__nodes_join_t *cfg, coll__net_t **net_p, char *err, size_t errlen) {
-  size_t bytes = cfg->pool_bytes ? cfg->pool_bytes : COLL__NODES_POOL;
+int coll__nodes_open(coll_comm_t *node, const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
+                     size_t errlen) {
+  size_t bytes = pool_bytes ? pool_bytes : COLL__NODES_POOL;
   void *pool = NULL;
   if (coll_arena_alloc(node, bytes, 4096, &pool) != 0) pool = NULL; /* no room: a pool of its own */
-  int rc = coll__net_open_on(cfg->iface, pool, bytes, net_p, err, errlen);
+  int rc = coll__net_open_on(iface, pool, bytes, net_p, err, errlen);
   if (rc && pool) coll_arena_free(node, pool);
   return rc;
 }
@@ -256,7 +257,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
       snprintf(h->name, sizeof h->name, "%s", cfg->name);
       for (int i = 0; i < L; i++) join_put((uint8_t *)(h + 1) + 4 * i, (uint32_t)ranks[i]);
       char why[COLL__NODES_TEXT] = "";
-      if (join_open(node, cfg, &net, why, sizeof why) != 0) {
+      if (coll__nodes_open(node, cfg->iface, cfg->pool_bytes, &net, why, sizeof why) != 0) {
         join_put(h->failed, 1); /* the other nodes learn it at the rendezvous instead of waiting */
         snprintf(h->error, sizeof h->error, "%s", why);
       } else {
@@ -304,7 +305,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
     coll__nodes_meet_t ring_how = how;
     ring_how.complete = coll__nodes_members_complete, ring_how.who = coll__nodes_members_who;
     ring_how.arg = &lay.nodes;
-    rc = join_open(node, cfg, &net, err, errlen);
+    rc = coll__nodes_open(node, cfg->iface, cfg->pool_bytes, &net, err, errlen);
     uint8_t card[COLL_NET_CARD_MAX];
     if (rc == 0)
       rc = coll__nodes_meet(lay.node, cfg->addr, cfg->port + l, cfg->secret, card, coll__net_card(net, card),
@@ -313,7 +314,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   }
   if (rc == 0 && net && lay.nodes > 1) {
     if (ncards != lay.nodes) rc = COLL_EBOOTSTRAP, snprintf(err, errlen, "ring %d has %d members for %d nodes", l, ncards, lay.nodes);
-    else rc = join_ring(net, lay.nodes, lay.node, cards, &ring, err, errlen);
+    else rc = coll__nodes_ring(net, lay.nodes, lay.node, cards, &ring, err, errlen);
     if (rc == 0) {
       coll__net_watch(net, coll__nodes_watch_fd(watch), "the job's other nodes");
       int32_t word = 0;
@@ -333,7 +334,8 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   if (rc) goto fail;
   coll__span_config_t span = {.local = node, .net = net, .ring = ring, .watch = watch, .nodes = lay.nodes,
                               .node = lay.node, .rings = lay.rings, .size = size, .node_of = lay.node_of,
-                              .local_of = lay.local_of, .timeout_s = cfg->wait_s};
+                              .local_of = lay.local_of, .timeout_s = cfg->wait_s, .iface = cfg->iface,
+                              .pool_bytes = cfg->pool_bytes};
   rc = coll__comm_span(&span, comm_p, err, errlen); /* takes the parts, also on failure */
   coll__nodes_blobs_free(blobs, nblobs);
   free(lay.node_of), free(lay.local_of), free(msg), free(ranks);

@@ -10,7 +10,11 @@
  *    from every rank's inputs: int32, float32 and float64; SUM everywhere, PROD, MIN, MAX and AVG
  *    for allreduce; roots on both nodes; counts 0, 1, 7, 1000 (past the meeting's small path) and
  *    70000 (the rings, in chunks); then the same through coll_start, several calls in flight;
- *  - rank, size, the node's arena, coll_comm_algorithm, coll_comm_split = COLL_ENOTSUP;
+ *  - rank, size, the node's arena, coll_comm_algorithm;
+ *  - splits: groups across the nodes (one rank per node, three ranks on unequal nodes, all four in an
+ *    order that interleaves the nodes), groups on one node, a rank in none, a split of a split;
+ *    each group's rank, size and collectives (the rings too) checked, then the parent used again; a
+ *    rank killed in a split: EPEERLOST in its group and every rank's parent, then in the other group;
  *  - a disagreement (one rank's count differs) is COLL_EMISMATCH on every rank, with a sentence,
  *    and the next call succeeds;
  *  - a rank killed (SIGKILL) after a first call: COLL_EPEERLOST on every other rank of both nodes;
@@ -124,8 +128,6 @@ static int job_collectives(coll_comm_t *c, int rank) {
   void *p = NULL;
   if (coll_arena_alloc(c, 4096, 64, &p) != 0 || !coll_arena_contains(c, p, 4096)) bad++, fprintf(stderr, "arena\n");
   coll_arena_free(c, p);
-  coll_comm_t *sub = NULL;
-  if (coll_comm_split(c, 0, 0, &sub) != COLL_ENOTSUP) bad++, fprintf(stderr, "split is not ENOTSUP\n");
   for (int kind = 0; kind < COLL_KIND_COUNT; kind++)
     for (size_t ti = 0; ti < 3; ti++)
       for (size_t ci = 0; ci < 5; ci++)
@@ -169,6 +171,67 @@ static int job_collectives(coll_comm_t *c, int rank) {
   return bad + (coll_comm_settle(c) != 0);
 }
 
+/* sub's rank and size, and its collectives, for the group of parent ranks members[0..n). */
+static int sub_check(coll_comm_t *sub, int rank, const int *members, int n, const char *what) {
+  int me = 0, bad = 0, rc;
+  while (me < n && members[me] != rank) me++;
+  if (coll_comm_size(sub) != n || coll_comm_rank(sub) != me)
+    return fprintf(stderr, "rank %d: %s: rank/size %d/%d, want %d/%d\n", rank, what, coll_comm_rank(sub),
+                   coll_comm_size(sub), me, n), 1;
+  int32_t mine = rank, all[SIZE] = {0}, want = 0;
+  coll_args_t a = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .count = 1, .send = &mine, .recv = all};
+  if ((rc = coll_run(sub, &a)) != 0) return say(rank, what, rc, sub);
+  for (int i = 0; i < n; i++) bad += all[i] != members[i], want += members[i] + 1;
+  size_t count = 70000; /* past the meeting: the group's rings */
+  float *big = malloc(count * sizeof *big);
+  for (size_t i = 0; i < count; i++) big[i] = (float)(rank + 1) * (float)(i % 5);
+  a = (coll_args_t){.kind = COLL_ALLREDUCE, .dtype = COLL_FLOAT32, .op = COLL_SUM, .count = count, .send = big, .recv = big};
+  if ((rc = coll_run(sub, &a)) != 0) bad += say(rank, what, rc, sub);
+  for (size_t i = 0; i < count && !bad; i++) bad += big[i] != (float)want * (float)(i % 5);
+  for (size_t i = 0; i < 1000; i++) big[i] = me == n - 1 ? (float)i : -1.0f;
+  a = (coll_args_t){.kind = COLL_BCAST, .dtype = COLL_FLOAT32, .root = n - 1, .count = 1000, .send = big, .recv = big};
+  if (rc == 0 && (rc = coll_run(sub, &a)) != 0) bad += say(rank, what, rc, sub);
+  for (size_t i = 0; i < 1000 && !bad; i++) bad += big[i] != (float)i;
+  free(big);
+  if (bad) fprintf(stderr, "rank %d: %s: wrong results\n", rank, what);
+  return bad;
+}
+
+static int job_split(coll_comm_t *c, int rank) {
+  static const struct {
+    const char *what;
+    int color[SIZE], key[SIZE], n[SIZE], members[SIZE][SIZE];
+  } cases[] = {
+      {"one rank per node, keys reversed", {0, 1, 0, 1}, {0, -1, -2, -3}, {2, 2, 2, 2},
+       {{2, 0}, {3, 1}, {2, 0}, {3, 1}}},
+      {"each node alone", {0, 0, 1, 1}, {0, 0, 0, 0}, {2, 2, 2, 2}, {{0, 1}, {0, 1}, {2, 3}, {2, 3}}},
+      {"unequal nodes, rank 3 in none", {0, 0, 0, -1}, {0, 1, 2, 3}, {3, 3, 3, 0}, {{0, 1, 2}, {0, 1, 2}, {0, 1, 2}}},
+      {"the nodes interleaved", {5, 5, 5, 5}, {1, 2, 3, 0}, {4, 4, 4, 4},
+       {{3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2}}},
+  };
+  int bad = 0;
+  coll_comm_t *first = NULL;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0] && !bad; k++) {
+    coll_comm_t *sub = NULL;
+    int rc = coll_comm_split(c, cases[k].color[rank], cases[k].key[rank], &sub);
+    if (rc) return say(rank, cases[k].what, rc, c);
+    if (cases[k].n[rank] == 0) bad += sub != NULL;
+    else bad += sub == NULL || sub_check(sub, rank, cases[k].members[rank], cases[k].n[rank], cases[k].what);
+    if (k == 0) first = sub;
+    else coll_comm_free(sub);
+  }
+  coll_comm_t *again = NULL; /* a split of a split across the nodes: the same group */
+  int rc = bad ? 0 : coll_comm_split(first, 0, 0, &again);
+  if (rc) bad += say(rank, "a split of a split", rc, first);
+  else if (!bad) bad += sub_check(again, rank, cases[0].members[rank], 2, "a split of a split");
+  coll_comm_free(again);
+  coll_comm_free(first);
+  int32_t one = 1, sum = 0;
+  coll_args_t a = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = 1, .send = &one, .recv = &sum};
+  if (!bad && ((rc = coll_run(c, &a)) != 0 || sum != SIZE)) bad += say(rank, "the parent after its splits", rc, c);
+  return bad;
+}
+
 static int job_mismatch(coll_comm_t *c, int rank) {
   int32_t in[8] = {1, 1, 1, 1, 1, 1, 1, 1}, out[8];
   coll_args_t a = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = rank == 2 ? 8 : 7,
@@ -194,6 +257,25 @@ static int job_killed(coll_comm_t *c, int rank) {
   const char *text = "";
   coll_comm_error(c, &text);
   printf("    rank %d: %s\n", rank, text);
+  return 0;
+}
+
+/* A rank killed while its split works: its group mate's split ends with EPEERLOST, and so does every
+ * rank's parent; the other group's split goes on (its ranks are alive) until its parent ended. */
+static int job_split_killed(coll_comm_t *c, int rank) {
+  coll_comm_t *sub = NULL;
+  int rc = coll_comm_split(c, rank % 2, 0, &sub);
+  if (rc) return say(rank, "split", rc, c);
+  int32_t in = 1, out = 0;
+  coll_args_t a = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = 1, .send = &in, .recv = &out};
+  if ((rc = coll_run(sub, &a)) != 0 || out != 2) return say(rank, "the split's first call", rc, sub);
+  if (rank == 3) raise(SIGKILL);
+  rc = coll_run(sub, &a);
+  int prc = coll_run(c, &a), after = coll_run(sub, &a);
+  coll_comm_free(sub);
+  if (rc != (rank == 1 ? COLL_EPEERLOST : 0) || prc != COLL_EPEERLOST || after != COLL_EPEERLOST)
+    return fprintf(stderr, "rank %d: after rank 3 was killed: split %s, parent %s, split again %s\n", rank,
+                   coll_err_name(rc), coll_err_name(prc), coll_err_name(after)), 1;
   return 0;
 }
 
@@ -297,6 +379,8 @@ int main(void) {
   test_pid = (int)getpid();
   const scenario_t all[] = {
       {"every collective across 2 nodes x 2, blocking and started", job_collectives, -1, 0},
+      {"splits: across the nodes, on one node, nested", job_split, -1, 0},
+      {"a rank killed in a split: EPEERLOST there, then everywhere", job_split_killed, 3, 0},
       {"a disagreement is EMISMATCH everywhere, then usable", job_mismatch, -1, 0},
       {"a killed rank is EPEERLOST on both nodes", job_killed, 3, 0},
       {"a missing node is named with address and ranks", job_missing, -1, 1},
