@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "coll.h"
 #include "hier.h"
@@ -107,6 +108,7 @@ typedef struct {
   const char *addr;         /* the rendezvous' address (node of rank 0) */
   int port;                 /* ring l meets at port + l */
   const char *iface;        /* the bridge's interface */
+  int family;               /* of addr: AF_INET6 takes iface's IPv6 address, else IPv4 */
   double timeout_s;         /* the rendezvous' limit (<= 0: none) */
   double wait_s;            /* every wait's afterwards (<= 0: none) */
   size_t pool_bytes;        /* each endpoint's registered pool (0: 4 MiB) */
@@ -126,13 +128,20 @@ typedef struct {
   char key[256];         /* HBMCOLL_JOB_KEY */
   char addr[256];        /* across nodes: HBMCOLL_MASTER / MASTER_ADDR / srun's first node */
   int port;              /* ring 0's rendezvous port */
+  int family;            /* addr's: AF_INET6 for an IPv6 address or a name with only those */
   char iface[64];        /* HBMCOLL_IFACE, else the interface toward addr */
   char name[256];        /* HBMCOLL_NODE, else the hostname */
 } coll__job_env_t;
 /* The launcher's rank, sizes and key; across nodes also the meeting point. 0, or COLL_EBADARG
  * with a sentence naming the variable. */
 int coll__job_env(coll__job_env_t *env, char *err, size_t errlen);
-/* Interface name's IPv4 address as text into out ("" when it has none). */
-void coll__iface_address(const char *name, char *out, size_t len);
+/* Interface name's address of family (AF_INET6: one that is not link-local) as text into out
+ * ("" when it has none). */
+void coll__iface_address(const char *name, int family, char *out, size_t len);
+/* addr (a name or a literal address of either family) resolved for port into *sa_p and *len_p,
+ * IPv4 where it has one (so IPv4 jobs stay as they were), else IPv6: 0, or getaddrinfo's code. */
+int coll__addr_resolve(const char *addr, int port, struct sockaddr_storage *sa_p, socklen_t *len_p);
+/* "A:P", or "[A]:P" for an IPv6 address A, into out (for messages). */
+void coll__addr_join(const char *addr, int port, char *out, size_t len);
 
 #endif /* COLL_NODES_H */

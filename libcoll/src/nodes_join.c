@@ -133,7 +133,7 @@ static int join_complete(void *arg, const coll__nodes_blob_t *blobs, int n, char
                "default the hostname)", h->name), rc = COLL_EBOOTSTRAP;
     else if (join_get(h->failed))
       snprintf(text, len, "node %.64s could not open its bridge endpoint: %.200s", h->name, h->error), rc = COLL_EBOOTSTRAP;
-    else if (n > 1 && strncmp(h->addr, "127.", 4) == 0)
+    else if (n > 1 && (strncmp(h->addr, "127.", 4) == 0 || strcmp(h->addr, "::1") == 0))
       snprintf(text, len, "node %.64s's bridge is on a loopback interface (%s), which the other nodes cannot reach: "
                "set HBMCOLL_IFACE to its interface toward them", h->name, h->addr), rc = COLL_EBOOTSTRAP;
   }
@@ -220,7 +220,7 @@ static int join_open(coll_comm_t *node, const coll__nodes_join_t *cfg, coll__net
   size_t bytes = cfg->pool_bytes ? cfg->pool_bytes : COLL__NODES_POOL;
   void *pool = NULL;
   if (coll_arena_alloc(node, bytes, 4096, &pool) != 0) pool = NULL; /* no room: a pool of its own */
-  int rc = coll__net_open_on(cfg->iface, pool, bytes, net_p, err, errlen);
+  int rc = coll__net_open_on(cfg->iface, cfg->family, pool, bytes, net_p, err, errlen);
   if (rc && pool) coll_arena_free(node, pool);
   return rc;
 }
@@ -261,7 +261,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
         snprintf(h->error, sizeof h->error, "%s", why);
       } else {
         join_put(h->cardlen, (uint32_t)coll__net_card(net, h->card));
-        coll__iface_address(cfg->iface, h->addr, sizeof h->addr);
+        coll__iface_address(cfg->iface, cfg->family, h->addr, sizeof h->addr);
       }
       /* the node's other ranks wait for this one, bounded by the same time: end a little sooner */
       double first = cfg->timeout_s > 8 ? cfg->timeout_s - 2 : cfg->timeout_s * 3 / 4;
