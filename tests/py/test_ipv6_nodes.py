@@ -73,3 +73,16 @@ def test_address_forms_refused(text):
 def test_families():
     assert netaddr.family("fd00:9::1") == netaddr.family("[fd00:9::1]") == socket.AF_INET6
     assert netaddr.family("10.0.0.1") == netaddr.family("localhost") == socket.AF_INET  # IPv4 where there is one
+
+
+def test_a_bridge_without_a_usable_ipv6_address_refuses_in_one_sentence(emulated_nodes):
+    """An IPv4 node's interface has a link-local IPv6 address only: a job whose addresses are IPv6
+    cannot put its bridge there, and says so at once rather than handing out a card nobody reaches."""
+    nodes = emulated_nodes(1)
+    code = ("import socket\nfrom hbmcoll import _core\ntry:\n    _core.Bridge('hbnet0', 1 << 20, None, socket.AF_INET6)\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\nelse:\n    print('opened')")
+    env = dict(os.environ, PYTHONPATH=PYMOD, FI_PROVIDER="tcp")
+    (rc, out, err), = netnodes.finish([nodes.popen(0, [sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, text=True, env=env)], 60)
+    assert rc == 0 and "the job's addresses are IPv6, and no libfabric provider of FI_PROVIDER=tcp offers RDM " \
+        "endpoints with RMA over IPv6 on interface hbnet0" in out, (out, err[-2000:])
