@@ -5,6 +5,7 @@ fd00:77::1 and ::2 on hbnet0, no IPv4 on the link):
   allgather through the bridge (libfabric's tcp;ofi_rxm on the IPv6 address; rank 0's line names
   the fabric fd00:77::/64), send/recv between the nodes, a memory server at the master's address;
 - the same job given the bare address (`--master fd00:77::1`, MASTER_ADDR without brackets);
+- torchrun with `--master-addr fd00:77::1` and no HBMCOLL_JOB_KEY (the secret through torch's store);
 - a master address that is no node's: node 0 says it cannot listen at [A]:P, node 1 that it found
   no member 0 listening at [A]:P, each within the rendezvous time;
 - the address forms (netaddr): `[v6]:port`, bare v6, v4 and names, written back as `[A]:P`.
@@ -42,6 +43,23 @@ def test_a_job_across_ipv6_only_nodes(emulated_nodes, master):
         assert rc == 0 and out.count("ipv6 ok") == 2, (i, out, err[-3000:])
         assert f"[fd00:77::1]:{port + 64}" in out, out  # the memory server's address as the ranks got it
     assert "bridge: provider tcp;ofi_rxm, fabric fd00:77::/64, interface hbnet0" in res[0][2], res[0][2][-2000:]
+
+
+def test_torchrun_across_ipv6_only_nodes(emulated_nodes):
+    """torchrun's --master-addr fd00:77::1 (MASTER_ADDR bare), and no HBMCOLL_JOB_KEY: the job's
+    secret goes through torch's store over IPv6; across_job.py's collectives, splits and torch
+    tensors."""
+    pytest.importorskip("torch")
+    nodes = emulated_nodes(2, ipv6=True)
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="")
+    procs = [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
+                             "--nproc-per-node", "2", "--master-addr", "fd00:77::1", "--master-port", "29970",
+                             "--no-python", sys.executable, os.path.join(HERE, "across_job.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    res = netnodes.finish(procs, 240)
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count(" ok") == 2, (i, out, err[-3000:])
+    assert "fabric fd00:77::/64, interface hbnet0" in res[0][2], res[0][2][-2000:]
 
 
 def test_a_wrong_ipv6_master_is_named_with_brackets(emulated_nodes):
