@@ -12,7 +12,8 @@
  *     there and agree.
  *   HBMCOLL_JOB_KEY: the job's secret, needed by C programs (the Python package can draw one
  *     through torchrun's store or a private directory; C has neither).
- *   across nodes: HBMCOLL_MASTER, else MASTER_ADDR, else under srun the step's first node; port
+ *   across nodes: HBMCOLL_MASTER, else MASTER_ADDR, else under srun the step's first node (an IPv6
+ *     address, also in brackets, or a name with only IPv6 addresses makes the job's family IPv6); port
  *     HBMCOLL_PORTS's first (then FI_TCP_PORT_LOW_RANGE/HIGH_RANGE confine the bridge to the
  *     range's part from LO + 256, unless set), else HBMCOLL_PORT, else MASTER_PORT + 1, else
  *     29600; HBMCOLL_IFACE, else the interface toward the master; HBMCOLL_NODE, else the hostname.
