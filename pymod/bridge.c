@@ -19,6 +19,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "net.h"
@@ -35,11 +36,14 @@ typedef struct {
 static hb_state_t *bridge_state(PyObject *self) { return PyType_GetModuleState(Py_TYPE(self)); }
 
 static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *names[] = {"iface", "pool_bytes", "pool", NULL};
+  static char *names[] = {"iface", "pool_bytes", "pool", "family", NULL};
   const char *iface = NULL;
   Py_ssize_t pool_bytes = 4 << 20;
   PyObject *pool_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|znO", names, &iface, &pool_bytes, &pool_obj)) return NULL;
+  int family = AF_UNSPEC; /* the job's addresses' (socket.AF_INET6: the interface's IPv6 address) */
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|znOi", names, &iface, &pool_bytes, &pool_obj, &family)) return NULL;
+  if (family != AF_UNSPEC && family != AF_INET && family != AF_INET6)
+    return hb_bad_arg("a bridge's family is socket.AF_INET, AF_INET6 or 0, not %d", family);
   Py_buffer pool = {0};
   if (pool_obj != Py_None) {
     if (PyObject_GetBuffer(pool_obj, &pool, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
@@ -53,7 +57,7 @@ static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   coll__net_t *net = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = coll__net_open_on(iface, pool.obj ? pool.buf : NULL, (size_t)pool_bytes, &net, err, sizeof err);
+  rc = coll__net_open_on(iface, family, pool.obj ? pool.buf : NULL, (size_t)pool_bytes, &net, err, sizeof err);
   Py_END_ALLOW_THREADS
   hb_bridge_t *self = rc ? NULL : (hb_bridge_t *)type->tp_alloc(type, 0);
   if (self == NULL) {

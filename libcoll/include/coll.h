@@ -165,7 +165,7 @@ typedef struct {
  *    rendezvous and proves membership between nodes (HMAC-SHA256 over fresh nonces: it is never
  *    sent);
  *  - across nodes (local size < size): the rendezvous at HBMCOLL_MASTER, else MASTER_ADDR (rank 0's
- *    node; under srun the step's first node), port HBMCOLL_PORT, else MASTER_PORT + 1, else 29600,
+ *    node; under srun the step's first node; IPv4, or IPv6 as `fd00::1` or `[fd00::1]`), port HBMCOLL_PORT, else MASTER_PORT + 1, else 29600,
  *    or the first port of HBMCOLL_PORTS=LO-HI (which also confines the bridge's endpoints to
  *    LO+256..HI); ring l of local ranks l meets at that port + l. The bridge's interface is
  *    HBMCOLL_IFACE, else the one this node reaches the master through; the node's name

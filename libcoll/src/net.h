@@ -58,9 +58,11 @@ typedef struct coll__net coll__net_t;
 int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
                    size_t errlen);
 /* The same with the caller's pool (at least 64 KiB, kept until coll__net_close): memory placed
- * as the caller wants it, e.g. in HBM from the node's shared arena. */
-int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
-                      size_t errlen);
+ * as the caller wants it, e.g. in HBM from the node's shared arena (NULL: its own), and the
+ * family of the job's addresses: AF_INET6 takes the interface's IPv6 address (COLL_ENOTSUP
+ * with a sentence if no provider offers one but link-local), AF_INET or AF_UNSPEC IPv4 first. */
+int coll__net_open_on(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                      char *err, size_t errlen);
 void coll__net_close(coll__net_t *net); /* NULL is fine */
 
 /* Bound a write's retries and a flush to timeout_s (<= 0: no bound, the default). A peer

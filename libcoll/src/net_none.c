@@ -16,9 +16,9 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
   return COLL_ENOTSUP;
 }
 
-int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
-                      size_t errlen) {
-  (void)pool;
+int coll__net_open_on(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                      char *err, size_t errlen) {
+  (void)pool, (void)family;
   return coll__net_open(iface, pool_bytes, net_p, err, errlen);
 }
 

@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,18 +67,36 @@ int coll__net_fail(char *err, size_t errlen, int rc, const char *what) {
 }
 
 /* The entry to use: on iface if one is named (libfabric's tcp provider answers with its
- * other interfaces when the name matches none, so the name is checked here), IPv4 before
- * IPv6 (link-local v6 addresses need a scope that a card does not carry); NULL if none. */
+ * other interfaces when the name matches none, so the name is checked here), of the job's
+ * address family (AF_UNSPEC: IPv4 before IPv6), never a link-local v6 address while another
+ * will do (it needs a scope that a card does not carry); NULL if none. *fit_p: how well it
+ * fits (NET_FIT_*). */
+enum { NET_FIT_NONE, NET_FIT_LINK_LOCAL, NET_FIT_OTHER_FAMILY, NET_FIT_FAMILY };
+
 static int net_on(const struct fi_info *i, const char *iface) {
   return iface == NULL || (i->domain_attr->name && strcmp(i->domain_attr->name, iface) == 0);
 }
 
-static struct fi_info *net_pick(struct fi_info *list, const char *iface) {
-  for (struct fi_info *i = list; i; i = i->next)
-    if (net_on(i, iface) && i->addr_format != FI_SOCKADDR_IN6) return i;
-  for (struct fi_info *i = list; i; i = i->next)
-    if (net_on(i, iface)) return i;
-  return NULL;
+static int net_fit(const struct fi_info *i, const char *iface, int family) {
+  if (!net_on(i, iface)) return NET_FIT_NONE;
+  if (i->addr_format == FI_SOCKADDR_IN6) {
+    const struct sockaddr_in6 *a = i->src_addr;
+    if (a && i->src_addrlen >= sizeof *a && IN6_IS_ADDR_LINKLOCAL(&a->sin6_addr)) return NET_FIT_LINK_LOCAL;
+    return family == AF_INET6 ? NET_FIT_FAMILY : NET_FIT_OTHER_FAMILY;
+  }
+  if (i->addr_format == FI_SOCKADDR_IN) return family == AF_INET6 ? NET_FIT_OTHER_FAMILY : NET_FIT_FAMILY;
+  return NET_FIT_FAMILY; /* no IP address (shm's names): any family */
+}
+
+static struct fi_info *net_pick(struct fi_info *list, const char *iface, int family, int *fit_p) {
+  struct fi_info *best = NULL;
+  int fit = NET_FIT_NONE;
+  for (struct fi_info *i = list; i; i = i->next) {
+    int f = net_fit(i, iface, family);
+    if (f > fit) best = i, fit = f;
+  }
+  if (fit_p) *fit_p = fit;
+  return best;
 }
 
 int coll__net_post_receives(coll__net_t *n, int count) {
@@ -157,26 +176,26 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
 static const int net_kept_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGFPE};
 #define NET_KEPT (sizeof net_kept_signals / sizeof net_kept_signals[0])
 
-static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
-                    size_t errlen);
+static int net_open(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                    char *err, size_t errlen);
 
 int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
                    size_t errlen) {
-  return coll__net_open_on(iface, NULL, pool_bytes, net_p, err, errlen);
+  return coll__net_open_on(iface, AF_UNSPEC, NULL, pool_bytes, net_p, err, errlen);
 }
 
-int coll__net_open_on(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
-                      size_t errlen) {
+int coll__net_open_on(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                      char *err, size_t errlen) {
   if (pool && pool_bytes < 65536) return COLL_EBADARG;
   struct sigaction kept[NET_KEPT];
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], NULL, &kept[i]);
-  int rc = net_open(iface, pool, pool_bytes, net_p, err, errlen);
+  int rc = net_open(iface, family, pool, pool_bytes, net_p, err, errlen);
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], &kept[i], NULL);
   return rc;
 }
 
-static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_t **net_p, char *err,
-                    size_t errlen) {
+static int net_open(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                    char *err, size_t errlen) {
   int rc = net_load(err, errlen);
   if (rc) return rc;
   struct fi_info *hints = coll__net_fi.dupinfo(NULL), *list = NULL;
@@ -197,7 +216,7 @@ static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_
     hints->caps = FI_MSG | FI_RMA | (v == 0 ? FI_SOURCE : 0);
     if (list) coll__net_fi.freeinfo(list), list = NULL;
     rc = coll__net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list);
-    if (rc == 0 && net_pick(list, iface) == NULL) rc = -FI_ENODATA;
+    if (rc == 0 && net_pick(list, iface, family, NULL) == NULL) rc = -FI_ENODATA;
     if (rc == -FI_ENODATA && v == 0) rc = 0;
     else break;
   }
@@ -209,8 +228,18 @@ static int net_open(const char *iface, void *pool, size_t pool_bytes, coll__net_
              iface ? iface : "", coll__net_fi.strerror(-rc));
     rc = rc == -FI_ENODATA ? COLL_ENOTSUP : rc;
   }
+  int fit = NET_FIT_NONE;
+  struct fi_info *picked = rc == 0 ? net_pick(list, iface, family, &fit) : NULL;
+  if (rc == 0 && family == AF_INET6 && fit < NET_FIT_FAMILY) {
+    snprintf(err, errlen, "the job's addresses are IPv6, and no libfabric provider%s%s offers RDM endpoints "
+             "with RMA over IPv6%s%s (only over IPv4 or a link-local address); use an IPv4 master address, "
+             "or an interface (HBMCOLL_IFACE) with a global or ULA IPv6 address",
+             getenv("FI_PROVIDER") ? " of FI_PROVIDER=" : "", getenv("FI_PROVIDER") ? getenv("FI_PROVIDER") : "",
+             iface ? " on interface " : "", iface ? iface : "");
+    rc = COLL_ENOTSUP;
+  }
   if (rc == 0) {
-    n->info = coll__net_fi.dupinfo(net_pick(list, iface));
+    n->info = coll__net_fi.dupinfo(picked);
     n->own_pool = pool == NULL;
     n->pool_bytes = pool ? pool_bytes : (pool_bytes + 4095) & ~(size_t)4095;
     n->pool = pool ? pool : mmap(NULL, n->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "coll.h"
 #include "hier.h"
@@ -81,6 +82,7 @@ typedef struct {
   const int *node_of, *local_of; /* [size] */
   double timeout_s;
   const char *iface;          /* the bridge's interface (NULL: the provider's first), for splits */
+  int family;                 /* the job's address family (net.h), for splits */
   size_t pool_bytes;          /* each endpoint's pool (0: COLL__NODES_POOL), for splits */
   const coll_comm_t *parent;  /* a split's: its watched connection is shared (a duplicate of its
                                * fd), so a failure in either ends both; NULL for the job's own */
@@ -97,6 +99,7 @@ coll_comm_t *coll__comm_failed(int rank, int size, int code, const char *text);
 int coll__span_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p); /* nodes_split.c */
 /* What a split takes from its parent. */
 const char *coll__span_iface(const coll_comm_t *c);
+int coll__span_family(const coll_comm_t *c);
 size_t coll__span_pool_bytes(const coll_comm_t *c);
 double coll__span_timeout(const coll_comm_t *c);
 int coll__span_node_index(const coll_comm_t *c);
@@ -120,6 +123,7 @@ typedef struct {
   const char *addr;         /* the rendezvous' address (node of rank 0) */
   int port;                 /* ring l meets at port + l */
   const char *iface;        /* the bridge's interface */
+  int family;               /* of addr: AF_INET6 takes iface's IPv6 address, else IPv4 */
   double timeout_s;         /* the rendezvous' limit (<= 0: none) */
   double wait_s;            /* every wait's afterwards (<= 0: none) */
   size_t pool_bytes;        /* each endpoint's registered pool (0: 4 MiB) */
@@ -129,8 +133,8 @@ typedef struct {
 int coll__nodes_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards, coll__net_ring_t **ring_p,
                      char *err, size_t errlen);
 /* This rank's endpoint, its pool in node's arena where it fits (else its own). */
-int coll__nodes_open(coll_comm_t *node, const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
-                     size_t errlen);
+int coll__nodes_open(coll_comm_t *node, const char *iface, int family, size_t pool_bytes, coll__net_t **net_p,
+                     char *err, size_t errlen);
 /* Collective over the node's communicator `node` (taken: freed on failure too): the nodes meet,
  * check the layout, build the rings. Returns 0 and *comm_p, or a failure with a sentence in err
  * that names the address, port and node where it applies. */
@@ -146,13 +150,20 @@ typedef struct {
   char key[256];         /* HBMCOLL_JOB_KEY */
   char addr[256];        /* across nodes: HBMCOLL_MASTER / MASTER_ADDR / srun's first node */
   int port;              /* ring 0's rendezvous port */
+  int family;            /* addr's: AF_INET6 for an IPv6 address or a name with only those */
   char iface[64];        /* HBMCOLL_IFACE, else the interface toward addr */
   char name[256];        /* HBMCOLL_NODE, else the hostname */
 } coll__job_env_t;
 /* The launcher's rank, sizes and key; across nodes also the meeting point. 0, or COLL_EBADARG
  * with a sentence naming the variable. */
 int coll__job_env(coll__job_env_t *env, char *err, size_t errlen);
-/* Interface name's IPv4 address as text into out ("" when it has none). */
-void coll__iface_address(const char *name, char *out, size_t len);
+/* Interface name's address of family (AF_INET6: one that is not link-local) as text into out
+ * ("" when it has none). */
+void coll__iface_address(const char *name, int family, char *out, size_t len);
+/* addr (a name or a literal address of either family) resolved for port into *sa_p and *len_p,
+ * IPv4 where it has one (so IPv4 jobs stay as they were), else IPv6: 0, or getaddrinfo's code. */
+int coll__addr_resolve(const char *addr, int port, struct sockaddr_storage *sa_p, socklen_t *len_p);
+/* "A:P", or "[A]:P" for an IPv6 address A, into out (for messages). */
+void coll__addr_join(const char *addr, int port, char *out, size_t len);
 
 #endif /* COLL_NODES_H */

@@ -32,6 +32,7 @@ struct coll__span {
   coll__hier_t *hier;
   int watch_dup;     /* a split's duplicate of its parent's watched fd (closed here), -1 none */
   char iface[64];    /* what a split opens its endpoints on ("" the provider's first) */
+  int family;
   size_t pool_bytes;
   double timeout_s;
   char text[COLL__NODES_TEXT]; /* the sentence of the last disagreement or bad argument */
@@ -43,6 +44,7 @@ static int span_watch_fd(const coll__span_t *s) {
 }
 
 const char *coll__span_iface(const coll_comm_t *c) { return c->span->iface[0] ? c->span->iface : NULL; }
+int coll__span_family(const coll_comm_t *c) { return c->span->family; }
 size_t coll__span_pool_bytes(const coll_comm_t *c) { return c->span->pool_bytes; }
 double coll__span_timeout(const coll_comm_t *c) { return c->span->timeout_s; }
 int coll__span_node_index(const coll_comm_t *c) { return c->span->hier->cfg.node; }
@@ -84,7 +86,7 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   int rc = s && c ? 0 : -ENOMEM;
   if (s) {
     *s = (coll__span_t){.node = cfg->local, .net = cfg->net, .ring = cfg->ring, .watch = cfg->watch, .watch_dup = -1,
-                        .pool_bytes = cfg->pool_bytes, .timeout_s = cfg->timeout_s};
+                        .family = cfg->family, .pool_bytes = cfg->pool_bytes, .timeout_s = cfg->timeout_s};
     snprintf(s->iface, sizeof s->iface, "%s", cfg->iface ? cfg->iface : "");
     int parent_fd = cfg->parent ? span_watch_fd(cfg->parent->span) : -1;
     if (parent_fd >= 0 && (s->watch_dup = fcntl(parent_fd, F_DUPFD_CLOEXEC, 0)) < 0) rc = -errno;

@@ -12,7 +12,8 @@
  *     there and agree.
  *   HBMCOLL_JOB_KEY: the job's secret, needed by C programs (the Python package can draw one
  *     through torchrun's store or a private directory; C has neither).
- *   across nodes: HBMCOLL_MASTER, else MASTER_ADDR, else under srun the step's first node; port
+ *   across nodes: HBMCOLL_MASTER, else MASTER_ADDR, else under srun the step's first node (an IPv6
+ *     address, also in brackets, or a name with only IPv6 addresses makes the job's family IPv6); port
  *     HBMCOLL_PORTS's first (then FI_TCP_PORT_LOW_RANGE/HIGH_RANGE confine the bridge to the
  *     range's part from LO + 256, unless set), else HBMCOLL_PORT, else MASTER_PORT + 1, else
  *     29600; HBMCOLL_IFACE, else the interface toward the master; HBMCOLL_NODE, else the hostname.
@@ -22,6 +23,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,45 +129,80 @@ static int env_who(coll__job_env_t *e, char *err, size_t errlen) {
   return 0;
 }
 
-void coll__iface_address(const char *name, char *out, size_t len) {
+/* An address of family on interface name (ifa NULL: any interface) equal to want (NULL: any),
+ * never a link-local IPv6 one; the interface's name into name_p, the address as text into out. */
+static int env_find(const char *name, int family, const struct sockaddr *want, char *name_p, size_t nlen,
+                    char *out, size_t len) {
   struct ifaddrs *all = NULL;
-  out[0] = '\0';
-  if (name == NULL || getifaddrs(&all) != 0) return;
-  for (struct ifaddrs *i = all; i; i = i->ifa_next)
-    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && strcmp(i->ifa_name, name) == 0) {
-      inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)len);
-      break;
+  int found = 0;
+  if (getifaddrs(&all) != 0) return 0;
+  for (struct ifaddrs *i = all; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != family || (name && strcmp(i->ifa_name, name) != 0)) continue;
+    const void *a = family == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                      : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+    size_t alen = family == AF_INET ? sizeof(struct in_addr) : sizeof(struct in6_addr);
+    if (family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a)) continue;
+    if (want) {
+      const void *w = family == AF_INET ? (const void *)&((const struct sockaddr_in *)want)->sin_addr
+                                        : (const void *)&((const struct sockaddr_in6 *)want)->sin6_addr;
+      if (memcmp(a, w, alen) != 0) continue;
     }
+    found = 1;
+    if (name_p) snprintf(name_p, nlen, "%s", i->ifa_name);
+    if (out) inet_ntop(family, a, out, (socklen_t)len);
+  }
   freeifaddrs(all);
+  return found;
 }
 
-/* The interface whose address this host uses to reach addr. */
-static int env_iface_to(const char *addr, char *out, size_t len, char *err, size_t errlen) {
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-  struct sockaddr_in mine;
-  socklen_t ml = sizeof mine;
-  int fd = -1, ok = getaddrinfo(addr, "9", &hints, &res) == 0 && res;
-  if (ok) ok = (fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) >= 0;
-  if (ok) ok = connect(fd, res->ai_addr, res->ai_addrlen) == 0 && getsockname(fd, (struct sockaddr *)&mine, &ml) == 0;
+void coll__iface_address(const char *name, int family, char *out, size_t len) {
+  out[0] = '\0';
+  if (name) env_find(name, family == AF_INET6 ? AF_INET6 : AF_INET, NULL, NULL, 0, out, len);
+}
+
+int coll__addr_resolve(const char *addr, int port, struct sockaddr_storage *sa_p, socklen_t *len_p) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res = NULL, *pick = NULL;
+  char service[16];
+  snprintf(service, sizeof service, "%d", port);
+  int rc = getaddrinfo(addr, service, &hints, &res);
+  if (rc != 0) return rc;
+  for (struct addrinfo *r = res; r; r = r->ai_next)
+    if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) && (!pick || (pick->ai_family == AF_INET6 &&
+                                                                            r->ai_family == AF_INET)))
+      pick = r;
+  if (pick) {
+    memcpy(sa_p, pick->ai_addr, pick->ai_addrlen);
+    *len_p = pick->ai_addrlen;
+  }
+  freeaddrinfo(res);
+  return pick ? 0 : EAI_FAMILY;
+}
+
+void coll__addr_join(const char *addr, int port, char *out, size_t len) {
+  if (strchr(addr, ':')) snprintf(out, len, "[%s]:%d", addr, port);
+  else snprintf(out, len, "%s:%d", addr, port);
+}
+
+/* The interface whose address this host uses to reach addr (of addr's family). */
+static int env_iface_to(const char *addr, int family, char *out, size_t len, char *err, size_t errlen) {
+  struct sockaddr_storage to, mine;
+  socklen_t tl = sizeof to, ml = sizeof mine;
+  int fd = -1, ok = coll__addr_resolve(addr, 9, &to, &tl) == 0;
+  if (ok) ok = (fd = socket(to.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0)) >= 0;
+  if (ok) ok = connect(fd, (struct sockaddr *)&to, tl) == 0 && getsockname(fd, (struct sockaddr *)&mine, &ml) == 0;
   int sys = errno;
   if (fd >= 0) close(fd);
-  if (res) freeaddrinfo(res);
   if (!ok) {
     snprintf(err, errlen, "no route from this node to the rendezvous at %s (%s); check MASTER_ADDR / HBMCOLL_MASTER, "
              "or set HBMCOLL_IFACE", addr, strerror(sys));
     return COLL_EBADARG;
   }
-  struct ifaddrs *all = NULL;
   out[0] = '\0';
-  if (getifaddrs(&all) == 0)
-    for (struct ifaddrs *i = all; i && !out[0]; i = i->ifa_next)
-      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-          ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == mine.sin_addr.s_addr)
-        snprintf(out, len, "%s", i->ifa_name);
-  if (all) freeifaddrs(all);
-  if (out[0]) return 0;
-  char a[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &mine.sin_addr, a, sizeof a);
+  if (env_find(NULL, family, (struct sockaddr *)&mine, out, len, NULL, 0)) return 0;
+  char a[INET6_ADDRSTRLEN] = "";
+  inet_ntop(family, family == AF_INET ? (void *)&((struct sockaddr_in *)&mine)->sin_addr
+                                      : (void *)&((struct sockaddr_in6 *)&mine)->sin6_addr, a, sizeof a);
   snprintf(err, errlen, "no interface of this host has the address %s it reaches %s from; set HBMCOLL_IFACE", a, addr);
   return COLL_EBADARG;
 }
@@ -178,8 +215,10 @@ static int env_meeting_point(coll__job_env_t *e, char *err, size_t errlen) {
     snprintf(e->addr, sizeof e->addr, "%.*s", (int)head, list);
     if (list[head] == '[') snprintf(e->addr + head, sizeof e->addr - head, "%.*s", (int)strcspn(list + head + 1, "-,]"),
                                     list + head + 1);
-  } else if (addr && *addr) {
-    snprintf(e->addr, sizeof e->addr, "%s", addr);
+  } else if (addr && *addr) { /* "[v6]" as "v6" */
+    size_t n = strlen(addr);
+    if (addr[0] == '[' && addr[n - 1] == ']') snprintf(e->addr, sizeof e->addr, "%.*s", (int)(n - 2), addr + 1);
+    else snprintf(e->addr, sizeof e->addr, "%s", addr);
   } else {
     snprintf(err, errlen, "the job's ranks span several nodes (%s); say where the nodes meet: set MASTER_ADDR (or "
              "HBMCOLL_MASTER) to the address of rank 0's node on every node", e->launcher);
@@ -223,9 +262,12 @@ static int env_meeting_point(coll__job_env_t *e, char *err, size_t errlen) {
              "is HBMCOLL_PORT, else MASTER_PORT + 1)", port ? port : "None", master ? master : "None");
     return COLL_EBADARG;
   }
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  e->family = coll__addr_resolve(e->addr, e->port, &sa, &sl) == 0 ? sa.ss_family : AF_INET; /* else: connect says */
   const char *iface = getenv("HBMCOLL_IFACE");
   if (iface && *iface) snprintf(e->iface, sizeof e->iface, "%s", iface);
-  else if (env_iface_to(e->addr, e->iface, sizeof e->iface, err, errlen) != 0) return COLL_EBADARG;
+  else if (env_iface_to(e->addr, e->family, e->iface, sizeof e->iface, err, errlen) != 0) return COLL_EBADARG;
   const char *name = getenv("HBMCOLL_NODE");
   if (name && *name) snprintf(e->name, sizeof e->name, "%s", name);
   else if (gethostname(e->name, sizeof e->name - 1) != 0) snprintf(e->name, sizeof e->name, "unknown");

@@ -47,7 +47,7 @@ int coll_job_create(const coll_job_config_t *config, coll_comm_t **comm_p) {
     return rc;
   }
   coll__nodes_join_t join = {.rank = env.rank, .size = env.size, .name = env.name, .secret = env.key,
-                             .addr = env.addr, .port = env.port, .iface = env.iface,
+                             .addr = env.addr, .port = env.port, .iface = env.iface, .family = env.family,
                              .timeout_s = timeout > 0 ? timeout : JOB_RENDEZVOUS_S, .wait_s = timeout};
   coll_comm_t *job = NULL;
   rc = coll__nodes_join(node, &join, &job, err, sizeof err); /* takes node */

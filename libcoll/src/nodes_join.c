@@ -133,7 +133,7 @@ static int join_complete(void *arg, const coll__nodes_blob_t *blobs, int n, char
                "default the hostname)", h->name), rc = COLL_EBOOTSTRAP;
     else if (join_get(h->failed))
       snprintf(text, len, "node %.64s could not open its bridge endpoint: %.200s", h->name, h->error), rc = COLL_EBOOTSTRAP;
-    else if (n > 1 && strncmp(h->addr, "127.", 4) == 0)
+    else if (n > 1 && (strncmp(h->addr, "127.", 4) == 0 || strcmp(h->addr, "::1") == 0))
       snprintf(text, len, "node %.64s's bridge is on a loopback interface (%s), which the other nodes cannot reach: "
                "set HBMCOLL_IFACE to its interface toward them", h->name, h->addr), rc = COLL_EBOOTSTRAP;
   }
@@ -216,12 +216,12 @@ int coll__nodes_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards,
   return rc;
 }
 
-int coll__nodes_open(coll_comm_t *node, const char *iface, size_t pool_bytes, coll__net_t **net_p, char *err,
-                     size_t errlen) {
+int coll__nodes_open(coll_comm_t *node, const char *iface, int family, size_t pool_bytes, coll__net_t **net_p,
+                     char *err, size_t errlen) {
   size_t bytes = pool_bytes ? pool_bytes : COLL__NODES_POOL;
   void *pool = NULL;
   if (coll_arena_alloc(node, bytes, 4096, &pool) != 0) pool = NULL; /* no room: a pool of its own */
-  int rc = coll__net_open_on(iface, pool, bytes, net_p, err, errlen);
+  int rc = coll__net_open_on(iface, family, pool, bytes, net_p, err, errlen);
   if (rc && pool) coll_arena_free(node, pool);
   return rc;
 }
@@ -257,12 +257,12 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
       snprintf(h->name, sizeof h->name, "%s", cfg->name);
       for (int i = 0; i < L; i++) join_put((uint8_t *)(h + 1) + 4 * i, (uint32_t)ranks[i]);
       char why[COLL__NODES_TEXT] = "";
-      if (coll__nodes_open(node, cfg->iface, cfg->pool_bytes, &net, why, sizeof why) != 0) {
+      if (coll__nodes_open(node, cfg->iface, cfg->family, cfg->pool_bytes, &net, why, sizeof why) != 0) {
         join_put(h->failed, 1); /* the other nodes learn it at the rendezvous instead of waiting */
         snprintf(h->error, sizeof h->error, "%s", why);
       } else {
         join_put(h->cardlen, (uint32_t)coll__net_card(net, h->card));
-        coll__iface_address(cfg->iface, h->addr, sizeof h->addr);
+        coll__iface_address(cfg->iface, cfg->family, h->addr, sizeof h->addr);
       }
       /* the node's other ranks wait for this one, bounded by the same time: end a little sooner */
       double first = cfg->timeout_s > 8 ? cfg->timeout_s - 2 : cfg->timeout_s * 3 / 4;
@@ -305,7 +305,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
     coll__nodes_meet_t ring_how = how;
     ring_how.complete = coll__nodes_members_complete, ring_how.who = coll__nodes_members_who;
     ring_how.arg = &lay.nodes;
-    rc = coll__nodes_open(node, cfg->iface, cfg->pool_bytes, &net, err, errlen);
+    rc = coll__nodes_open(node, cfg->iface, cfg->family, cfg->pool_bytes, &net, err, errlen);
     uint8_t card[COLL_NET_CARD_MAX];
     if (rc == 0)
       rc = coll__nodes_meet(lay.node, cfg->addr, cfg->port + l, cfg->secret, card, coll__net_card(net, card),
@@ -335,7 +335,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   coll__span_config_t span = {.local = node, .net = net, .ring = ring, .watch = watch, .nodes = lay.nodes,
                               .node = lay.node, .rings = lay.rings, .size = size, .node_of = lay.node_of,
                               .local_of = lay.local_of, .timeout_s = cfg->wait_s, .iface = cfg->iface,
-                              .pool_bytes = cfg->pool_bytes};
+                              .family = cfg->family, .pool_bytes = cfg->pool_bytes};
   rc = coll__comm_span(&span, comm_p, err, errlen); /* takes the parts, also on failure */
   coll__nodes_blobs_free(blobs, nblobs);
   free(lay.node_of), free(lay.local_of), free(msg), free(ranks);

@@ -187,7 +187,7 @@ static void meet_refused(const meet_serve_t *s, char *out, size_t len) {
 }
 
 static void meet_accept(meet_serve_t *s, int srv) {
-  struct sockaddr_in from;
+  struct sockaddr_storage from;
   socklen_t fl = sizeof from;
   int fd = accept4(srv, (struct sockaddr *)&from, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return; /* out of descriptors, say: the others come again later */
@@ -199,7 +199,10 @@ static void meet_accept(meet_serve_t *s, int srv) {
   meet_shake_t *h = &s->shakes[s->nshakes++];
   memset(h, 0, sizeof *h);
   h->fd = fd, h->deadline = meet_now() + MEET_HANDSHAKE_S;
-  inet_ntop(AF_INET, &from.sin_addr, h->peer, sizeof h->peer);
+  if (from.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, h->peer, sizeof h->peer);
+  else
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, h->peer, sizeof h->peer);
 }
 
 /* Feed connection k what came: 1 when it proved the secret and its blob is in, 0 while more
@@ -352,20 +355,18 @@ static int meet_serve(meet_serve_t *s, int srv, double deadline, char *err, size
   return 0;
 }
 
-static int meet_listen(const char *addr, int port, int *fd_p, char *err, size_t errlen) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
-  int rc = inet_pton(AF_INET, addr, &sa.sin_addr) == 1 ? 0 : getaddrinfo(addr, NULL, &hints, &res);
-  if (rc == 0 && res) sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
-  if (res) freeaddrinfo(res);
-  int fd = rc == 0 ? socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0) : -1, on = 1;
+static int meet_listen(const char *addr, int port, const char *at, int *fd_p, char *err, size_t errlen) {
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  int rc = coll__addr_resolve(addr, port, &sa, &sl);
+  int fd = rc == 0 ? socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0) : -1, on = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   int sys = rc ? EADDRNOTAVAIL : fd < 0 ? errno : 0;
-  if (!sys && (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0)) sys = errno;
+  if (!sys && (bind(fd, (struct sockaddr *)&sa, sl) != 0 || listen(fd, 128) != 0)) sys = errno;
   if (sys) {
     if (fd >= 0) close(fd);
-    snprintf(err, errlen, "member 0 cannot listen at %s:%d (%s): the rendezvous address (MASTER_ADDR, "
-             "HBMCOLL_MASTER) must be this node's, and the port (HBMCOLL_PORT) free", addr, port, strerror(sys));
+    snprintf(err, errlen, "member 0 cannot listen at %s (%s): the rendezvous address (MASTER_ADDR, "
+             "HBMCOLL_MASTER) must be this node's, and the port (HBMCOLL_PORT) free", at, strerror(sys));
     return COLL_EBOOTSTRAP;
   }
   *fd_p = fd;
@@ -375,29 +376,26 @@ static int meet_listen(const char *addr, int port, int *fd_p, char *err, size_t 
 /* ---- member k ---- */
 static int meet_connect(int me, const char *addr, int port, double deadline, const coll__nodes_meet_t *how,
                         int *fd_p, char *err, size_t errlen) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
-  if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) {
-    if (getaddrinfo(addr, NULL, &hints, &res) != 0 || res == NULL)
-      return snprintf(err, errlen, "member %d: the rendezvous address %s:%d does not resolve", me, addr, port),
-             COLL_EBOOTSTRAP;
-    sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
-    freeaddrinfo(res);
-  }
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  char at[300];
+  coll__addr_join(addr, port, at, sizeof at);
+  if (coll__addr_resolve(addr, port, &sa, &sl) != 0)
+    return snprintf(err, errlen, "member %d: the rendezvous address %s does not resolve", me, at), COLL_EBOOTSTRAP;
   for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return snprintf(err, errlen, "member %d: socket: %s", me, strerror(errno)), -errno;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+    if (connect(fd, (struct sockaddr *)&sa, sl) == 0) {
       meet_keepalive(fd);
       *fd_p = fd;
       return 0;
     }
     close(fd);
     if (deadline > 0 && meet_now() > deadline)
-      return snprintf(err, errlen, "member %d found no member 0 listening at %s:%d in time", me, addr, port),
+      return snprintf(err, errlen, "member %d found no member 0 listening at %s in time", me, at),
              COLL_EBOOTSTRAP;
     if (how->interrupt && how->interrupt(how->interrupt_arg))
-      return snprintf(err, errlen, "interrupted while member %d looked for member 0 at %s:%d", me, addr, port),
+      return snprintf(err, errlen, "interrupted while member %d looked for member 0 at %s", me, at),
              COLL_EINTERRUPTED;
     struct timespec nap = {0, 50000000};
     nanosleep(&nap, NULL);
@@ -408,6 +406,8 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
                      const coll__nodes_meet_t *how, double deadline, coll__nodes_blob_t **blobs_p, int *n_p,
                      int *fd_p, char *err, size_t errlen) {
   uint8_t head[MEET_HEAD], reply[2 * MEET_NONCE];
+  char at[300];
+  coll__addr_join(addr, port, at, sizeof at);
   memcpy(head, MEET_MAGIC, MEET_MAGIC_LEN);
   meet_put32(head + MEET_MAGIC_LEN, (uint32_t)me);
   if (getrandom(head + MEET_MAGIC_LEN + 4, MEET_NONCE, 0) != MEET_NONCE) return -errno;
@@ -420,7 +420,7 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
     close(fd);
     if (rc == COLL_EINTERRUPTED) return snprintf(err, errlen, "interrupted at the rendezvous"), rc;
     if (deadline > 0 && meet_now() > deadline)
-      return snprintf(err, errlen, "member %d: member 0 at %s:%d never answered in time", me, addr, port),
+      return snprintf(err, errlen, "member %d: member 0 at %s never answered in time", me, at),
              COLL_EBOOTSTRAP;
     struct timespec nap = {0, 100000000};
     nanosleep(&nap, NULL);
@@ -429,7 +429,7 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
   meet_proof(secret, "server", head + MEET_MAGIC_LEN + 4, reply, NULL, NULL, 0, want);
   if (!meet_same(want, reply + MEET_NONCE, 32)) {
     close(fd);
-    return snprintf(err, errlen, "the listener at %s:%d does not hold the job's secret: refused", addr, port),
+    return snprintf(err, errlen, "the listener at %s does not hold the job's secret: refused", at),
            COLL_EBOOTSTRAP;
   }
   meet_proof(secret, "client", reply, head + MEET_MAGIC_LEN + 4, head, blob, len, out);
@@ -446,8 +446,8 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
     close(fd);
     free(verdict);
     if (rc == COLL_EINTERRUPTED || rc == -ENOMEM) return snprintf(err, errlen, "%s at the rendezvous", coll_strerror(rc)), rc;
-    return snprintf(err, errlen, "member %d: member 0 at %s:%d refused or dropped us (%s); is the job's secret the "
-                    "same on every node?", me, addr, port, rc == -ETIMEDOUT ? "timed out" : strerror(-rc)),
+    return snprintf(err, errlen, "member %d: member 0 at %s refused or dropped us (%s); is the job's secret the "
+                    "same on every node?", me, at, rc == -ETIMEDOUT ? "timed out" : strerror(-rc)),
            COLL_EBOOTSTRAP;
   }
   size_t vlen = meet_get32(n4);
@@ -462,7 +462,7 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
   free(verdict);
   if (rc) {
     close(fd);
-    return snprintf(err, errlen, "member %d: member 0 at %s:%d sent a verdict that does not parse", me, addr, port), rc;
+    return snprintf(err, errlen, "member %d: member 0 at %s sent a verdict that does not parse", me, at), rc;
   }
   *fd_p = fd;
   return 0;
@@ -486,9 +486,9 @@ int coll__nodes_meet(int me, const char *addr, int port, const char *secret, con
     return 0;
   }
   int srv = -1;
-  if ((rc = meet_listen(addr, port, &srv, err, errlen)) != 0) return rc;
   char where[300];
-  snprintf(where, sizeof where, "%s:%d", addr, port);
+  coll__addr_join(addr, port, where, sizeof where);
+  if ((rc = meet_listen(addr, port, where, &srv, err, errlen)) != 0) return rc;
   meet_serve_t s = {.where = where, .secret = secret, .how = how};
   s.blobs = malloc(sizeof *s.blobs);
   uint8_t *mine = malloc(len + 1);

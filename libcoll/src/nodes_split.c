@@ -83,8 +83,8 @@ static int split_span(coll_comm_t *c, const split_group_t *g, coll_comm_t *local
   coll__net_ring_t *ring = NULL;
   int l = g->me >= 0 ? g->local_of[g->me] : -1, rc = cards ? 0 : -ENOMEM;
   if (rc == 0 && g->nodes > 1 && l >= 0 && l < g->rings) {
-    mine.rc = coll__nodes_open(local, coll__span_iface(c), coll__span_pool_bytes(c), &net, mine.error,
-                               sizeof mine.error);
+    mine.rc = coll__nodes_open(local, coll__span_iface(c), coll__span_family(c), coll__span_pool_bytes(c), &net,
+                               mine.error, sizeof mine.error);
     if (mine.rc == 0) mine.len = (uint32_t)coll__net_card(net, mine.card);
   }
   coll_args_t a = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .count = sizeof mine / 4, .send = &mine, .recv = cards};
@@ -117,7 +117,7 @@ static int split_span(coll_comm_t *c, const split_group_t *g, coll_comm_t *local
   }
   coll__span_config_t cfg = {.local = local, .net = net, .ring = ring, .nodes = g->nodes, .node = g->node_of[g->me],
                              .rings = g->rings, .size = g->n, .node_of = g->node_of, .local_of = g->local_of,
-                             .timeout_s = coll__span_timeout(c), .iface = coll__span_iface(c),
+                             .timeout_s = coll__span_timeout(c), .iface = coll__span_iface(c), .family = coll__span_family(c),
                              .pool_bytes = coll__span_pool_bytes(c), .parent = c};
   return coll__comm_span(&cfg, comm_p, err, errlen); /* takes the parts, also on failure */
 }

@@ -71,7 +71,8 @@ static const coll_variable_t variables[] = {
     V("LOCAL_SIZE", "launcher", "the ranks on the node, set by `hbmcoll-run`", "the launcher's"),
     V("KILL_GRACE", "launcher", "seconds `hbmcoll-run` waits after SIGTERM before SIGKILL", "5"),
     /* across nodes */
-    V("MASTER", "nodes", "where the nodes meet: the address of rank 0's node (wins over `MASTER_ADDR`)",
+    V("MASTER", "nodes", "where the nodes meet: the address of rank 0's node (wins over `MASTER_ADDR`); IPv4, "
+      "or IPv6 (`fd00::1` or `[fd00::1]`, also a name with only IPv6 addresses)",
       "torchrun's `MASTER_ADDR`; under srun the step's first node"),
     V("PORT", "nodes", "the first TCP port of the rendezvous on that node (one per ring: `PORT + l`)",
       "`MASTER_PORT + 1`, else 29600"),
@@ -85,7 +86,8 @@ static const coll_variable_t variables[] = {
     V("PIPELINE_CHUNKS", "core", "chunks of a large allreduce whose node stages overlap the rings (1-255)",
       "measured per size at the first calls"),
     /* memory servers */
-    V("MEMSERVERS", "memservers", "the memory servers of `RemoteBuffer` and parameter sharing, `host:port,...`",
+    V("MEMSERVERS", "memservers", "the memory servers of `RemoteBuffer` and parameter sharing, `host:port,...` "
+      "(IPv6: `[addr]:port`)",
       "set by `hbmcoll-run --memservers`"),
     V("TOKEN", "memservers", "the memory servers' token (16 bytes or more)", "set by `hbmcoll-run --memservers`"),
     V("TOKEN_FILE", "memservers", "a file holding the token, readable by its owner only", "unset"),

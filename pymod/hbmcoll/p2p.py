@@ -92,7 +92,7 @@ def _tcp_listener(address):
     ports = launch_env.port_range(os.environ)
     tries = range(ports[0] + launch_env.PORTS_P2P, ports[0] + launch_env.PORTS_BRIDGE) if ports else [0]
     for port in tries:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.bind((address, port))
             return sock
@@ -131,7 +131,7 @@ class Channels:
             self.secret = comm.bcast_object(secrets.token_bytes(32) if comm.rank == 0 else None, root=0)
             self.listener = _tcp_listener(tcp_address)
             self.listener.listen(socket.SOMAXCONN)
-            self.addrs = comm.allgather_object((socket.AF_INET, self.listener.getsockname()))
+            self.addrs = comm.allgather_object((self.listener.family, self.listener.getsockname()))
         self.listener.setblocking(False)  # the receiving thread accepts all that wait, then selects
         self.lock = threading.Lock()
         self.out, self.lanes = {}, {}         # dest -> socket; dest -> its isend thread's queue
@@ -179,7 +179,7 @@ class Channels:
                 except OSError as exc:
                     sock.close()
                     raise PeerLostError(f"send: rank {dest} is not listening ({exc.strerror or exc})") from None
-            if family == socket.AF_INET:
+            if family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.timeout)
             self.out[dest] = sock

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,7 +73,7 @@ static int rank_main(int rank, int fd_out, int fd_in, const net_case_t *nc) {
   if (nc->callers_pool &&
       (mine_pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED)
     return fail(rank, "mmap", -errno, "");
-  int rc = coll__net_open_on(nc->iface, mine_pool, POOL, &n, err, sizeof err);
+  int rc = coll__net_open_on(nc->iface, AF_UNSPEC, mine_pool, POOL, &n, err, sizeof err);
   if (rc) return fail(rank, "open", rc, err);
   if (mine_pool && coll__net_pool(n) != mine_pool) return fail(rank, "the pool is not the caller's", 0, "");
   uint8_t card[COLL_NET_CARD_MAX], theirs[COLL_NET_CARD_MAX];

@@ -113,7 +113,7 @@ def emulated_nodes():
     if why:
         pytest.skip(why)
     with contextlib.ExitStack() as stack:
-        yield lambda n: stack.enter_context(netnodes.NetNodes(n))
+        yield lambda n, **kw: stack.enter_context(netnodes.NetNodes(n, **kw))
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Emulated nodes for tests and benches: network namespaces on one bridge (rdma-bridge.md 5).
 
     with NetNodes(3) as nodes:        # hbn<pid>n0..2, each with hbnet0 = 10.77.0.<i+1>/24
+    with NetNodes(2, ipv6=True) ...   # hbnet0 = fd00:77::<i+1>/64 instead, and no IPv4 on it
         nodes.popen(i, [sys.executable, "-c", code], env=...)
         nodes.loss(1)                 # drop 1% of the bridge's frames (nft; no netem here)
 
@@ -38,10 +39,13 @@ def sweep():
 
 
 class NetNodes:
-    def __init__(self, n, rate=None, tag=None):
+    def __init__(self, n, rate=None, tag=None, ipv6=False):
         tag = tag or "hbn%d" % os.getpid()
         self.bridge, self.names = tag + "br", ["%sn%d" % (tag, i) for i in range(n)]
-        self.addrs = ["10.77.0.%d" % (i + 1) for i in range(n)]
+        # ULA addresses (global scope: usable without an interface's scope id); nodad: usable at
+        # once, not after duplicate address detection's second or so
+        self.addrs = ["fd00:77::%x" % (i + 1) for i in range(n)] if ipv6 else ["10.77.0.%d" % (i + 1) for i in range(n)]
+        self._add = "-6 addr add {}/64 dev hbnet0 nodad" if ipv6 else "addr add {}/24 dev hbnet0"
         self._rate = rate
 
     def __enter__(self):
@@ -52,7 +56,7 @@ class NetNodes:
             for i, m in enumerate(self.names):
                 _sh(f"ip netns add {m} && ip link add hbnet0 netns {m} type veth peer name hbp{i} netns {b} && "
                     f"ip -n {b} link set hbp{i} master hbbr0 up && "
-                    f"ip -n {m} addr add {self.addrs[i]}/24 dev hbnet0 && ip -n {m} link set hbnet0 up && "
+                    f"ip -n {m} {self._add.format(self.addrs[i])} && ip -n {m} link set hbnet0 up && "
                     f"ip -n {m} link set lo up")
                 if self._rate:
                     _sh(f"ip netns exec {m} tc qdisc add dev hbnet0 root tbf rate {self._rate} "

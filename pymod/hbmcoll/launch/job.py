@@ -14,7 +14,7 @@ import sys
 import threading
 
 from .. import _core
-from .. import log, timeline
+from .. import log, netaddr, timeline
 from ..comm import meet
 from ..errors import ArgumentError
 from ..tools import tune_cache
@@ -129,8 +129,9 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
     try:
         iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)
+        family = netaddr.family(toward)  # the bridge's addresses are of the rendezvous' family
         lay, bridge, watch = layout.find(local, info.rank, info.size, name, secret, where_of, iface,
-                                         timeout or env_timeout)
+                                         timeout or env_timeout, family=family)
     except BaseException as exc:
         if getattr(exc, "node_wide", False):
             layout.leave_together(local)  # the node's ranks failed alike: each reports before any exits
@@ -140,7 +141,7 @@ def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, e
     if info.rank == 0:
         layout.say(lay, bridge, os.environ)
     return across.NodesCommunicator(local, lay, bridge, watch, info.rank, info.size, timeout or env_timeout,
-                                    info.launcher, iface, layout.POOL_BYTES)
+                                    info.launcher, iface, layout.POOL_BYTES, family=family)
 
 
 def _init_from_mpi(mpi_comm, generation, timeout):
@@ -170,7 +171,8 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
     rings = min(names.count(n) for n in order)
     listener = None
     if names[rank] == names[0] and local_rank < rings:
-        listener = socket.create_server((layout.listen_address(os.environ), 0))
+        here_at = layout.listen_address(os.environ)
+        listener = socket.create_server((here_at, 0), family=netaddr.family(here_at))
     where = swap(listener.getsockname()[:2] if listener else None)
     secret = swap(secrets.token_hex(32) if rank == 0 else None)[0]
     node0 = [r for r in range(size) if names[r] == names[0]]

@@ -1,7 +1,7 @@
 """hbmcoll-run: start N ranks of a program on this node.
 
     python -m hbmcoll.run -n N [--bind share|core|cluster|none] [--memory POLICY] [--timeout SECONDS]
-                          [--tag-output] [--nnodes K --node-rank R --master ADDR[:PORT]]
+                          [--tag-output] [--nnodes K --node-rank R --master ADDR[:PORT]]  (IPv6: [ADDR]:PORT)
                           (prog [args...] | -m module [args...])
 
 Across nodes, run it on each of the K nodes with the same -n, --nnodes and --master (the address
@@ -46,16 +46,18 @@ import sys
 import time
 
 def _sibling(name):
-    """A standard-library module of this package, loaded by path: this file runs by path too."""
+    """A standard-library module of this package, loaded by path: this file runs by path too
+    (name relative to this folder: "env", "../netaddr")."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        f"_hbmcoll_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        f"_hbmcoll_{os.path.basename(name)}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 launch_env = _sibling("env")
+netaddr = _sibling("../netaddr")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 VALUE_OPTS = {"-n", "--np", "--nproc-per-node", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
               "--memservers", "--memserver-capacity"}
@@ -127,7 +129,7 @@ def _parser():
     p.add_argument("--nnodes", type=int, default=1, metavar="K", help="nodes of the job (default 1)")
     p.add_argument("--node-rank", type=int, metavar="R", help="this node's number, 0..K-1")
     p.add_argument("--master", metavar="ADDR[:PORT]",
-                   help="node 0's address, where the nodes meet (PORT default 29500)")
+                   help="node 0's address, where the nodes meet (PORT default 29500; IPv6: [ADDR]:PORT)")
     p.add_argument("--memservers", type=int, default=0, metavar="K",
                    help="start K memory servers beside the job (on node 0) and give the ranks "
                         "HBMCOLL_MEMSERVERS and HBMCOLL_TOKEN")
@@ -153,7 +155,7 @@ def _memservers(args, env):
         token = hmac.new(env["HBMCOLL_JOB_KEY"].encode(), b"memservers", hashlib.sha256).hexdigest()
     env["HBMCOLL_TOKEN"] = token
     if args.nnodes > 1 and args.node_rank != 0:
-        env["HBMCOLL_MEMSERVERS"] = ",".join(f"{host}:{p}" for p in ports)
+        env["HBMCOLL_MEMSERVERS"] = ",".join(netaddr.join(host, p) for p in ports)
         return None
     from ..memserver.server import start_beside
     _, env["HBMCOLL_MEMSERVERS"], stop = start_beside(k, host, ports, token, args.memserver_capacity)
@@ -176,14 +178,18 @@ def _nodes_env(args, parser):
     if not os.environ.get("HBMCOLL_JOB_KEY"):
         parser.error("across nodes every node needs the same secret: set HBMCOLL_JOB_KEY "
                      "(e.g. to `openssl rand -hex 16`, shared with the other nodes)")
-    addr, _, port = args.master.rpartition(":") if ":" in args.master else (args.master, "", "29500")
-    if not port.isdigit() or not 0 < int(port) < 65536 - 256:
-        parser.error(f"--master {args.master!r}: the port must be a number below 65280")
+    try:
+        addr, port = netaddr.split(args.master, 29500)
+    except ValueError:
+        addr, port = "", -1
+    if not addr or not 0 < port < 65536 - 256:
+        parser.error(f"--master {args.master!r}: give ADDR, ADDR:PORT or [IPv6-ADDR]:PORT, the port a number "
+                     "below 65280")
     try:
         launch_env.port_range(os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    return {"HBMCOLL_MASTER": addr, "MASTER_ADDR": addr, "MASTER_PORT": port}
+    return {"HBMCOLL_MASTER": addr, "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
 
 
 def _command(prog_argv, module):

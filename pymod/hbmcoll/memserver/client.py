@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from .. import netaddr
 from ..comm import _is_numpy
 from ..errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
 from ..in_order import InOrder
@@ -53,9 +54,12 @@ def _servers(servers):
     if not found:
         raise ArgumentError("RemoteBuffer: no memory servers: pass servers= or set HBMCOLL_MEMSERVERS=host:port,...")
     for s in found:
-        host, _, port = s.rpartition(":")
-        if not host or not port.isdigit():
-            raise ArgumentError(f"memory server {s!r}: give host:port")
+        try:
+            host, _ = netaddr.split(s)
+        except ValueError:
+            host = ""
+        if not host:
+            raise ArgumentError(f"memory server {s!r}: give host:port ([v6-address]:port for IPv6)")
     return found
 
 
@@ -83,7 +87,7 @@ class _Connection:
     def __init__(self, addr, token, timeout):
         from .. import _core
         from ..nodes.layout import iface_to
-        host, _, port = addr.rpartition(":")
+        host, port = netaddr.split(addr)
         self.addr, self.timeout, self.dead = addr, timeout, False
         self.token = token
         until = time.monotonic() + (timeout or 30)
@@ -100,7 +104,7 @@ class _Connection:
         # Both sides prove the token, each on the other's nonce, before this side sends its card
         # (a key to its pool): a stranger posing as the server learns nothing of use.
         hello, mine = self._recv(), secrets.token_bytes(16)
-        self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES)
+        self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES, None, netaddr.family(host))
         ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "nonce": mine.hex()})
         answer = self._answer()
         given = answer.get("proof")

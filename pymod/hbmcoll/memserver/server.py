@@ -48,6 +48,7 @@ import time
 
 import numpy as np
 
+from .. import netaddr
 from .protocol import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
 from .control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
 
@@ -76,17 +77,18 @@ class Server:
         from .. import _core
         from ..nodes.layout import iface_to
         self.token, self.capacity = token, capacity
+        host, fam = netaddr.strip(host), netaddr.family(host)
         self.iface = iface or iface_to(host)
         self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
         from ..nodes.layout import confine_ports
         confine_ports(os.environ)  # HBMCOLL_PORTS: its endpoint listens within the range
-        self.ep = _core.Bridge(self.iface, pool=self.memory)
+        self.ep = _core.Bridge(self.iface, pool=self.memory, family=fam)
         self.data = _core.MemServe(self.ep, max_clients)
         self.free_slots = list(range(max_clients))[::-1]
         self.clients, self.buffers, self.by_name = {}, {}, {}
         self.conns = {}  # every control connection (control.Conn), oldest first
         self.used = 0
-        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.listener = socket.create_server((netaddr.resolve(host, fam), port), family=fam, reuse_port=False)
         self.listener.setblocking(False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, None)
@@ -94,8 +96,8 @@ class Server:
         self.instance = secrets.token_hex(8)  # new at every start: its buffers are not an old instance's
 
     def describe(self):
-        return (f"hbmcoll-memserver: {self.capacity} bytes for buffers at {self.listener.getsockname()[0]}:"
-                f"{self.listener.getsockname()[1]}, {self.where}, bridge: {self.ep.describe()}")
+        return (f"hbmcoll-memserver: {self.capacity} bytes for buffers at "
+                f"{netaddr.join(*self.listener.getsockname()[:2])}, {self.where}, bridge: {self.ep.describe()}")
 
     # -- control --------------------------------------------------------------------------------
     def _accept(self):
@@ -365,19 +367,19 @@ def start_beside(k, host, ports, token, capacity="1G"):
     try:
         for port in ports:
             if not port:
-                with socket.socket() as s:
-                    s.bind((host, 0))
+                with socket.socket(netaddr.family(host)) as s:
+                    s.bind((netaddr.strip(host), 0))
                     port = s.getsockname()[1]
-            p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", f"{host}:{port}",
+            p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", netaddr.join(netaddr.strip(host), port),
                                   "--token-file", os.path.join(where, "token"), "--capacity", str(capacity)],
                                  stderr=subprocess.PIPE, text=True)
             procs.append(p)
             line = p.stderr.readline()
             if " bytes for buffers at " not in line:
-                raise SystemExit(f"hbmcoll-run: a memory server at {host}:{port} did not start: {line.strip()}"
+                raise SystemExit(f"hbmcoll-run: a memory server at {netaddr.join(netaddr.strip(host), port)} did not start: {line.strip()}"
                                  f"{p.stderr.read()[-2000:]}")
             sys.stderr.write(line)
-            addrs.append(f"{host}:{port}")
+            addrs.append(netaddr.join(netaddr.strip(host), port))
     except BaseException:
         stop()
         raise
@@ -395,7 +397,7 @@ def parse_size(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="hbmcoll-memserver", description=__doc__.splitlines()[0])
-    ap.add_argument("--listen", required=True, help="ADDR:PORT to serve at")
+    ap.add_argument("--listen", required=True, help="ADDR:PORT to serve at ([ADDR]:PORT for IPv6)")
     ap.add_argument("--token-file", required=True, help="a file holding the job's token")
     ap.add_argument("--capacity", default="1G", help="bytes for buffers (default 1G)")
     ap.add_argument("--memory", default="auto", choices=("auto", "ddr", "hbm"),
@@ -403,9 +405,12 @@ def main(argv=None):
                          "without HBM)")
     ap.add_argument("--iface", help="the bridge's interface (default: the one holding the listen address)")
     a = ap.parse_args(argv)
-    host, _, port = a.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT")
+    try:
+        host, port = netaddr.split(a.listen)
+    except ValueError:
+        host = ""
+    if not host:
+        raise SystemExit(f"hbmcoll-memserver: --listen {a.listen!r}: give ADDR:PORT ([ADDR]:PORT for IPv6)")
     try:
         token = read_token(a.token_file)
     except OSError as exc:

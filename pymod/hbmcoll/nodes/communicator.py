@@ -27,9 +27,9 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
     def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher, iface, pool_bytes,
-                 parent=None):
+                 parent=None, family=0):
         self._local, self._layout, self._bridge, self._watch = local, layout, bridge, watch
-        self._iface, self._pool_bytes = iface, pool_bytes  # for the endpoints of split()
+        self._iface, self._pool_bytes, self._family = iface, pool_bytes, family  # for the endpoints of split()
         self._parent, self._children, self._retired = parent, [], []
         self.rank, self.size, self.launcher = rank, size, launcher
         self.node, self.nodes = layout.node, len(layout.nodes)
@@ -49,7 +49,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         else:
             parent._children.append(self)
         from .layout import iface_address
-        self._p2p = Channels(self, tcp_address=iface_address(iface), timeout=timeout)  # send/recv over TCP
+        self._p2p = Channels(self, tcp_address=iface_address(iface, family), timeout=timeout)  # send/recv over TCP
 
     def _transports(self):
         where = self._bridge.describe() if self._bridge is not None else "through this node's ring ranks"

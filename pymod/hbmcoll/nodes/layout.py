@@ -23,22 +23,21 @@ A node's name is HBMCOLL_NODE, else its hostname. The rendezvous (meeting_point)
 HBMCOLL_MASTER, else MASTER_ADDR (torchrun sets it; under mpiexec and srun set it as for torch's
 env:// init), else under srun the first node of the step; port HBMCOLL_PORT, else MASTER_PORT + 1
 (MASTER_PORT itself is torch's store), else 29600; the job's secret is HBMCOLL_JOB_KEY. The
-bridge's interface is HBMCOLL_IFACE, else the one this node reaches the rendezvous through.
+bridge's interface is HBMCOLL_IFACE, else the one this node reaches the rendezvous through; its
+address family is the master address' (IPv6 for an IPv6 address or a name with only those).
 """
 import atexit
-import fcntl
 import functools
 import json
 import os
 import re
 import socket
-import struct
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _core
+from .. import _core, netaddr
 
 from . import rendezvous as nodes
 from ..launch import env as launch_env
@@ -79,9 +78,6 @@ class Layout:
             raise ArgumentError(f"rank {rank} is on no node of this job") from None
 
 
-SIOCGIFADDR = 0x8915
-
-
 def _first_host(nodelist):
     """The first host of a Slurm node list: 'kn[03-05,9],gpu1' -> 'kn03'."""
     m = re.match(r"([^,\[]+)(?:\[([^-,\]]+))?", nodelist)
@@ -91,7 +87,7 @@ def _first_host(nodelist):
 def meeting_point(env, launcher, timeout=RENDEZVOUS_S):
     """(address, base port, secret) where the job's nodes meet; one clear error if not given. The
     secret: HBMCOLL_JOB_KEY, else one the job draws through torchrun's store (launcher_secret)."""
-    addr = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
+    addr = netaddr.strip(env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR") or "")
     if not addr and launcher == "srun":
         addr = _first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
     if not addr:
@@ -124,46 +120,41 @@ def meeting_point(env, launcher, timeout=RENDEZVOUS_S):
 def iface_to(addr):
     """The name of the interface whose address this host uses to reach addr."""
     try:
-        mine = _address_toward(addr)
+        mine = netaddr.toward(addr)
     except OSError as exc:
         raise ArgumentError(f"no route from this node to the rendezvous at {addr} ({exc}); check MASTER_ADDR "
                             "/ HBMCOLL_MASTER, or set HBMCOLL_IFACE") from None
+    fam = netaddr.family(addr)
     for _, name in socket.if_nameindex():
-        try:
-            if iface_address(name) == mine:
-                return name
-        except ArgumentError:  # no IPv4 address on it
-            continue
+        if mine in netaddr.iface_addresses(name, fam):
+            return name
     raise ArgumentError(f"no interface of this host has the address {mine} it reaches {addr} from; "
                         "set HBMCOLL_IFACE")
 
 
-def iface_address(name):
-    """The IPv4 address of interface `name`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-        except OSError as exc:
-            raise ArgumentError(f"HBMCOLL_IFACE={name!r}: no IPv4 address on it ({exc.strerror})") from None
-    return socket.inet_ntoa(got[20:24])
-
-
-def _address_toward(addr):
-    """This host's address on the way to addr."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))
-        return s.getsockname()[0]
+def iface_address(name, family=0):
+    """The address of interface `name` of family (AF_INET, AF_INET6; 0: IPv4 where it has one)."""
+    for fam in [family] if family else [socket.AF_INET, socket.AF_INET6]:
+        got = netaddr.iface_addresses(name, fam)
+        if got:
+            return got[0]
+    what = {socket.AF_INET: "IPv4 ", socket.AF_INET6: "global IPv6 "}.get(family, "IPv4 or global IPv6 ")
+    raise ArgumentError(f"HBMCOLL_IFACE={name!r}: no {what}address on it")
 
 
 def listen_address(env):
     """Where this node can be reached by the others, for a rendezvous it serves itself (mpi4py,
     torch groups): HBMCOLL_IFACE's address, else the one toward HBMCOLL_MASTER / MASTER_ADDR,
-    else the hostname's."""
-    if env.get("HBMCOLL_IFACE"):
-        return iface_address(env["HBMCOLL_IFACE"])
+    else the hostname's (of the master address' family)."""
     master = env.get("HBMCOLL_MASTER") or env.get("MASTER_ADDR")
-    addr = _address_toward(master) if master else socket.gethostbyname(socket.gethostname())
-    if addr.startswith("127."):
+    if env.get("HBMCOLL_IFACE"):
+        return iface_address(env["HBMCOLL_IFACE"], netaddr.family(master) if master else 0)
+    if master:
+        addr = netaddr.toward(master)
+    else:
+        host = socket.gethostname()
+        addr = netaddr.resolve(host, netaddr.family(host))
+    if netaddr.loopback(addr):
         raise ArgumentError(f"this node's address for the other nodes resolves to {addr}, which they cannot "
                             "reach: set HBMCOLL_IFACE to the interface toward them")
     return addr
@@ -204,7 +195,7 @@ def _check(size):
         for h in heads.values():
             if h.get("error"):
                 raise BootstrapError(f"node {h['name']} could not open its bridge endpoint: {h['error']}")
-            if len(heads) > 1 and (h.get("addr") or "").startswith("127."):
+            if len(heads) > 1 and netaddr.loopback(h.get("addr") or ""):
                 raise BootstrapError(f"node {h['name']}'s bridge is on a loopback interface ({h['addr']}), which "
                                      "the other nodes cannot reach: set HBMCOLL_IFACE to its interface toward them")
         return True
@@ -230,15 +221,16 @@ def _spans(ranks):
     return ", ".join(out)
 
 
-def open_bridge(iface, pool_bytes, local):
+def open_bridge(iface, pool_bytes, local, family=0):
     """A bridge endpoint whose pool is in local's shared arena, placed as the node's segments
-    are (in HBM where the node has it); where the arena has no room, a pool of its own."""
+    are (in HBM where the node has it); where the arena has no room, a pool of its own. family:
+    that of the job's addresses (AF_INET6: the interface's IPv6 address; 0 or AF_INET: IPv4 first)."""
     confine_ports(os.environ)
     try:
         pool = local.empty(pool_bytes, "uint8")
     except (Error, MemoryError, ValueError):
         pool = None
-    return _core.Bridge(iface, pool_bytes, pool)
+    return _core.Bridge(iface, pool_bytes, pool, family)
 
 
 def confine_ports(env):
@@ -251,16 +243,16 @@ def confine_ports(env):
         env["FI_TCP_PORT_HIGH_RANGE"] = str(ports[1])
 
 
-def _open(iface, pool_bytes, head, local):
+def _open(iface, pool_bytes, head, local, family):
     """This rank's bridge endpoint, its address in head; on failure None, the failure in head
     (the other nodes learn it at the rendezvous instead of waiting for this node)."""
     try:
-        bridge = open_bridge(iface, pool_bytes, local)
+        bridge = open_bridge(iface, pool_bytes, local, family)
     except (Error, ValueError, OSError) as exc:
         head["error"] = str(exc)
         return None
     try:
-        head["addr"] = iface_address(iface)
+        head["addr"] = iface_address(iface, family)
     except ArgumentError:  # a libfabric domain that is no netdev (mlx5_0): nothing to check
         pass
     return bridge
@@ -275,9 +267,10 @@ def _share(local, blob):
     return buf.tobytes()
 
 
-def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=None):
+def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=None, family=0):
     """(layout, bridge or None, watch or None) of this rank; where_of(l) is the rendezvous of
-    ring l ((addr, port), or for the member that listens, possibly a listening socket)."""
+    ring l ((addr, port), or for the member that listens, possibly a listening socket); family
+    that of the job's addresses (open_bridge)."""
     ranks = [int(r) for r in local.allgather(np.array([rank], dtype=np.int64)).reshape(-1)]
     pool_bytes = pool_bytes or POOL_BYTES
     bridge = watch = None
@@ -289,7 +282,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
             try:
                 from .._version import __version__
                 head = {"name": name, "ranks": ranks, "size": size, "version": __version__, "protocol": PROTOCOL}
-                bridge = _open(iface, pool_bytes, head, local)
+                bridge = _open(iface, pool_bytes, head, local, family)
                 card = bridge.card() if bridge is not None else b""
                 # the node's other ranks wait for this one in a collective bounded by the same time:
                 # its rendezvous ends a little sooner, so they hear why instead of timing out
@@ -311,7 +304,7 @@ def find(local, rank, size, name, secret, where_of, iface, timeout, pool_bytes=N
                         [i for i, r in enumerate(said["nodes"]) if rank in r][0])
         shared = False
         if 0 < local.rank < layout.rings:
-            bridge = open_bridge(iface, pool_bytes, local)
+            bridge = open_bridge(iface, pool_bytes, local, family)
             got, watch = nodes.exchange(layout.node, where_of(local.rank), secret, bridge.card(),
                                         nodes.members(len(layout.nodes)), timeout)
             cards = [got[i] for i in range(len(layout.nodes))]

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from .. import netaddr
 from ..errors import BootstrapError
 
 MAGIC = b"HBMN1\0"
@@ -380,6 +381,7 @@ def _unpack(data):
 
 
 def _connect(me, addr, port, deadline):
+    at = netaddr.join(addr, port)
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=1.0)
@@ -387,12 +389,13 @@ def _connect(me, addr, port, deadline):
             return sock
         except OSError:
             if deadline and time.monotonic() > deadline:
-                raise BootstrapError(f"member {me} found no member 0 listening at {addr}:{port} in time") from None
+                raise BootstrapError(f"member {me} found no member 0 listening at {at} in time") from None
             time.sleep(0.05)
 
 
 def _join(me, where, secret, blob, deadline):
     addr, port = where
+    at = netaddr.join(addr, port)
     mine, head = os.urandom(NONCE), MAGIC + struct.pack("!I", me)
     while True:  # member 0 may close a connection unanswered (too many at once): again
         sock = _connect(me, addr, port, deadline)
@@ -403,7 +406,7 @@ def _join(me, where, secret, blob, deadline):
         except (ConnectionError, OSError):
             sock.close()
             if deadline and time.monotonic() > deadline:
-                raise BootstrapError(f"member {me}: member 0 at {addr}:{port} never answered in time") from None
+                raise BootstrapError(f"member {me}: member 0 at {at} never answered in time") from None
             time.sleep(0.1)
         except BaseException:
             sock.close()
@@ -411,13 +414,13 @@ def _join(me, where, secret, blob, deadline):
     try:
         theirs, proof = reply[:NONCE], reply[NONCE:]
         if not hmac.compare_digest(proof, _proof(secret, b"server", mine, theirs)):
-            raise BootstrapError(f"the listener at {addr}:{port} does not hold the job's secret: refused")
+            raise BootstrapError(f"the listener at {at} does not hold the job's secret: refused")
         sock.sendall(_proof(secret, b"client", theirs, mine, head, blob))
         _send_blob(sock, blob)
         verdict = _recv_blob(sock, deadline, limit=1 << 24)
     except (ConnectionError, OSError) as exc:
         sock.close()
-        raise BootstrapError(f"member {me}: member 0 at {addr}:{port} refused or dropped us ({exc}); "
+        raise BootstrapError(f"member {me}: member 0 at {at} refused or dropped us ({exc}); "
                              f"is the job's secret the same on every node?") from None
     except BaseException:
         sock.close()
@@ -439,15 +442,16 @@ def exchange(me, where, secret, blob, complete, timeout=None):
     if me != 0:
         return _join(me, where, secret, blob, deadline)
     if isinstance(where, socket.socket):
-        return _serve(where, "%s:%d" % where.getsockname()[:2], secret, blob, complete, deadline)
+        return _serve(where, netaddr.join(*where.getsockname()[:2]), secret, blob, complete, deadline)
+    fam = netaddr.family(where[0])
     try:
-        srv = socket.create_server(where, reuse_port=False)
+        srv = socket.create_server((netaddr.resolve(where[0], fam), where[1]), family=fam, reuse_port=False)
     except OSError as exc:
-        raise BootstrapError(f"member 0 cannot listen at {where[0]}:{where[1]} ({os.strerror(exc.errno)}): the rendezvous "
+        raise BootstrapError(f"member 0 cannot listen at {netaddr.join(*where)} ({os.strerror(exc.errno)}): the rendezvous "
                              "address (MASTER_ADDR, HBMCOLL_MASTER) must be this node's, and the port "
                              "(HBMCOLL_PORT) free") from None
     with srv:
-        return _serve(srv, "%s:%d" % where, secret, blob, complete, deadline)
+        return _serve(srv, netaddr.join(*where), secret, blob, complete, deadline)
 
 
 def members(n):

@@ -43,7 +43,7 @@ def split(parent, color, key):
     bridge, block = None, np.zeros(CARD_BLOCK, np.uint8)
     if spans and local.rank < rings:
         try:
-            bridge = open_bridge(parent._iface, parent._pool_bytes, parent._local)  # lives as long
+            bridge = open_bridge(parent._iface, parent._pool_bytes, parent._local, parent._family)  # lives as long
             card = bridge.card()
             block[:2] = np.frombuffer(np.uint16(len(card)).tobytes(), np.uint8)
             block[2:2 + len(card)] = np.frombuffer(card, np.uint8)
@@ -77,4 +77,4 @@ def split(parent, color, key):
         local.abort()
         raise
     return type(parent)(local, lay, bridge, parent._watch, new_rank, len(members), parent._timeout,
-                             parent.launcher, parent._iface, parent._pool_bytes, parent=parent)
+                             parent.launcher, parent._iface, parent._pool_bytes, parent=parent, family=parent._family)
