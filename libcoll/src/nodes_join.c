@@ -1,6 +1,6 @@
 /*
- * nodes_join.c - who is on which node, and the bridge's rings between the nodes (layout.py's find,
- * in C), for coll_job_create:
+ * nodes_join.c - who is on which node, and the bridge's rings between the nodes (nodes/layout.py's
+ * find, in C), for coll_job_create:
  *
  * 1. The node's ranks allgather their ranks in the job over shared memory.
  * 2. Local rank 0 of every node opens a bridge endpoint (its pool in the node's arena where it

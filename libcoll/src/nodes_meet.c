@@ -1,5 +1,5 @@
 /*
- * nodes_meet.c - the rendezvous of nodes (nodes.py's exchange, in C): member 0 listens on TCP at
+ * nodes_meet.c - the rendezvous of nodes (nodes/rendezvous.py's exchange, in C): member 0 listens on TCP at
  * (addr, port); every other member connects, and both sides prove they hold the job's secret
  * before anything else crosses (HMAC-SHA256 over fresh nonces of both, so neither the secret nor a
  * replayable answer is ever sent). Each member then sends its blob, and once complete() says all
@@ -12,7 +12,7 @@
  *   0 -> k:        nonce_0, HMAC(secret, "server" nonce_k nonce_0)
  *   k -> 0:        HMAC(secret, "client" nonce_0 nonce_k MAGIC k blob), len (u32), blob
  *   0 -> k:        len (u32), then 'O' and every (member u32, len u32, blob), or 'E' and a sentence
- * Integers are big-endian. The handshake is nodes.py's; the magic differs ("HBMC1"), since the
+ * Integers are big-endian. The handshake is nodes/rendezvous.py's; the magic differs ("HBMC1"), since the
  * blobs of the C nodes are not the Python package's (a C node and a Python node of one job are
  * refused at once instead of misreading each other).
  */

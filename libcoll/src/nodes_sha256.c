@@ -3,7 +3,7 @@
  * job's secret at the rendezvous of nodes (nodes_meet.c). A small file of its own rather than a
  * dependency on libcrypto: the library links nothing for this one use. Checked against the
  * FIPS and RFC 4231 vectors (tests/c/test_nodes_sha256.c); the proofs are computed as
- * nodes.py computes its own (same parts, same order).
+ * nodes/rendezvous.py computes its own (same parts, same order).
  */
 #include <string.h>
 

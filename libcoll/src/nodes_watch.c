@@ -1,5 +1,5 @@
 /*
- * nodes_watch.c - the connections of a rendezvous of nodes, kept open after it (nodes.py's Watch):
+ * nodes_watch.c - the connections of a rendezvous of nodes, kept open after it (nodes/rendezvous.py's Watch):
  * how a lost node is noticed and how members leave.
  *
  * A thread polls the connections (member 0: one per other member; member k: the one to member 0)
@@ -8,7 +8,7 @@
  * file on a connection without a goodbye is a lost node: the thread shuts every connection (so
  * member 0's loss reaches every member) and closes `theirs`, so every wait on the bridge ends.
  *
- * Exit is a message, as in nodes.py: member k says BYE with the number of calls it made; member 0
+ * Exit is a message, as in nodes/rendezvous.py: member k says BYE with the number of calls it made; member 0
  * tells every member (LEFT, with that number) and, once all said it or were lost, ALL. A member in
  * a later call than one that left will never see it there: its watch fires at once. Messages: 'B'
  * or 'L' and a 64-bit big-endian count; 'A' alone.

@@ -95,8 +95,8 @@ def test_disagreeing_nodes_are_mismatch_everywhere(two_nodes):
 
 @pytest.mark.parametrize("during", ["start", "pipeline"])
 def test_a_lost_node_is_peer_lost_on_the_others(two_nodes, during):
-    # "pipeline": killed 1 s into allreduces of 16 MiB in 4 chunks (pipeline.py), so most likely
-    # while a chunk is on the ring thread
+    # "pipeline": killed 1 s into allreduces of 16 MiB in 4 chunks (hier_allreduce.c's sliced
+    # allreduce), so most likely while a chunk is on the ring
     big = {"COUNT": str(1 << 22), "DIE_AFTER": "1", "HBMCOLL_PIPELINE_CHUNKS": "4"} if during == "pipeline" else {}
     res = _torchrun(two_nodes, 2, 29736 + (during == "pipeline"), {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "die", **big})
     rc, out, err = res[0]  # (torchrun stops a node's other ranks once one has failed)
