@@ -71,6 +71,13 @@ def test_hbmcoll_run_three_nodes_with_loss(emulated_nodes):
     assert "3 nodes x 1 rank, 1 ring(s)" in res[0][2]
 
 
+def _node_lost(out):
+    """The rank said it lost the other node: through the watched connection, or (when a transfer
+    was in flight, as happens on a loaded machine) through the bridge's broken connection."""
+    return ("lost: the connection to the job's other nodes closed" in out or
+            "lost: a network transfer: the connection to another node's rank broke" in out)
+
+
 def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
     nodes = emulated_nodes(2)
     procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29830", MODE="interrupt")
@@ -81,7 +88,7 @@ def test_ctrl_c_while_waiting_on_another_node(emulated_nodes):
     (rc0, out0, err0), (rc1, out1, err1) = netnodes.finish(procs, 60)
     assert rc0 != 0 and "interrupted" in out0, (out0, err0[-2000:])
     assert time.monotonic() - t0 < 30
-    assert rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1[-2000:])
+    assert rc1 == 5 and _node_lost(out1), (out1, err1[-2000:])
 
 
 def test_a_wrong_master_is_one_clear_error(emulated_nodes):
@@ -103,7 +110,7 @@ def test_losing_the_node_that_holds_the_rendezvous(emulated_nodes):
     nodes = emulated_nodes(2)
     procs = _hbmcoll_run(nodes, 2, "10.77.0.1:29870", MODE="die", DIE="0")
     (rc0, _, _), (rc1, out1, err1) = netnodes.finish(procs, 90)
-    assert rc0 != 0 and rc1 == 5 and "lost: the connection to the job's other nodes closed" in out1, (out1, err1)
+    assert rc0 != 0 and rc1 == 5 and _node_lost(out1), (out1, err1)
 
 
 def test_a_node_whose_link_goes_down_is_lost(emulated_nodes):
