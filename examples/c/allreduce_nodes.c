@@ -1,7 +1,7 @@
 /*
  * allreduce_nodes.c - hbmcoll from C across nodes: one communicator over every rank of every node
  * (shared memory in each node, the bridge's rings between them), joined from the launcher's
- * variables as Python's hbmcoll.init() joins.
+ * variables as Python's hbmcoll.init() joins, and split in groups that span the nodes.
  *
  *   cc allreduce_nodes.c $(pkg-config --cflags --libs hbmcoll) -o allreduce_nodes
  *   # on each of 2 nodes, the same secret everywhere, node 0's address as the master:
@@ -60,11 +60,22 @@ int main(void) {
   if (size > 256 || (rc = coll_run(comm, &ag)) != 0)
     return fail("allgather", size > 256 ? COLL_EBADARG : rc, comm);
 
+  /* split: ranks of the same parity form a group across the nodes (as data-parallel groups are);
+   * a group gets rings of its own, found over comm */
+  coll_comm_t *group = NULL;
+  int32_t one = 1, members = 0;
+  coll_args_t count = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_SUM, .count = 1, .send = &one,
+                       .recv = &members};
+  if ((rc = coll_comm_split(comm, rank % 2, rank, &group)) != 0 || (rc = coll_run(group, &count)) != 0)
+    return coll_comm_free(group), fail("split", rc, comm);
+
   int ok = grad[0] == (float)(size * (size + 1) / 2) && grad[N - 1] == grad[0] && step == 4242;
   for (int r = 0; r < size; r++)
     ok &= all[r] == r;
-  printf("rank %d of %d: allreduce %.0f, bcast %lld, allgather %s (%s)\n", rank, size, grad[0], (long long)step,
-         ok ? "ok" : "WRONG", coll_comm_algorithm(comm));
+  ok &= members == (size + 1 - rank % 2) / 2 && coll_comm_rank(group) == rank / 2;
+  printf("rank %d of %d: allreduce %.0f, bcast %lld, allgather %s (%s), group of %d\n", rank, size, grad[0],
+         (long long)step, ok ? "ok" : "WRONG", coll_comm_algorithm(comm), (int)members);
+  coll_comm_free(group); /* collective in the group, before its parent */
   free(grad);
   coll_comm_free(comm); /* collective between the nodes: waits for their goodbye */
   return ok ? 0 : 1;
