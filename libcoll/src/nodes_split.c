@@ -117,8 +117,8 @@ static int split_span(coll_comm_t *c, const split_group_t *g, coll_comm_t *local
   }
   coll__span_config_t cfg = {.local = local, .net = net, .ring = ring, .nodes = g->nodes, .node = g->node_of[g->me],
                              .rings = g->rings, .size = g->n, .node_of = g->node_of, .local_of = g->local_of,
-                             .timeout_s = coll__span_timeout(c), .iface = coll__span_iface(c), .family = coll__span_family(c),
-                             .pool_bytes = coll__span_pool_bytes(c), .parent = c};
+                             .timeout_s = coll__span_timeout(c), .iface = coll__span_iface(c),
+                             .family = coll__span_family(c), .pool_bytes = coll__span_pool_bytes(c), .parent = c};
   return coll__comm_span(&cfg, comm_p, err, errlen); /* takes the parts, also on failure */
 }
 
@@ -134,9 +134,8 @@ int coll__span_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
     free(all);
     return rc;
   }
-  *comm_p = NULL;
+  coll_comm_t *made = NULL, *local = NULL;
   if ((rc = split_group(all, c->size, c->rank, &g)) != 0) snprintf(err, sizeof err, "out of memory in a split");
-  coll_comm_t *local = NULL;
   if (rc == 0 && (rc = coll_comm_split(coll__comm_here(c), mine.color, g.me, &local)) != 0) {
     const char *why = NULL;
     coll_comm_error(coll__comm_here(c), &why);
@@ -144,17 +143,18 @@ int coll__span_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
   }
   if (rc == 0 && g.nodes <= 1) { /* on one node (or in no group): every rank still swaps cards */
     split_group_t none = {.me = -1};
-    rc = split_span(c, &none, NULL, comm_p, err, sizeof err);
-    if (rc == 0) *comm_p = local;
+    rc = split_span(c, &none, NULL, &made, err, sizeof err);
+    if (rc == 0) made = local;
     else coll_comm_free(local);
   } else if (rc == 0) {
-    rc = split_span(c, &g, local, comm_p, err, sizeof err);
+    rc = split_span(c, &g, local, &made, err, sizeof err);
   }
   if (rc) {
     char text[COLL__NODES_TEXT + 64];
     snprintf(text, sizeof text, "rank %d failed in a split: %s", c->rank, err);
     coll__span_fail(c, rc, text); /* every rank: none waits for this one's part */
-    *comm_p = NULL;
+  } else {
+    *comm_p = made; /* untouched on failure, as coll.h says */
   }
   split_group_free(&g);
   free(all);
