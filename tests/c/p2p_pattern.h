@@ -23,4 +23,13 @@ static inline int check(const uint8_t *b, size_t n, unsigned salt) {
   return 1;
 }
 
+/* One case of main()'s loop over `cma` (1: the receiver pulls with CMA, 0: through the cells) with
+ * its environment `env` (harness.h's spawn_expect). */
+#define P2P_RUN(label, P, fn, arg, victim)                                                          \
+  do {                                                                                              \
+    char name_[64];                                                                                 \
+    snprintf(name_, sizeof name_, "%s (%s)", label, cma ? "pulled" : "cells");                     \
+    if (CASE(name_)) spawn_expect(name_, P, 120, env, fn, arg, victim);                            \
+  } while (0)
+
 #endif /* P2P_PATTERN_H */

@@ -356,24 +356,18 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   for (int cma = 1; cma >= 0; cma--) {
     const char *const *env = cma ? NULL : no_cma;
-    char name[64];
-#define RUN(label, P, fn, arg, victim)                                                        \
-  do {                                                                                        \
-    snprintf(name, sizeof name, "%s (%s)", label, cma ? "pulled" : "cells");                 \
-    if (CASE(name)) spawn_expect(name, P, 120, env, fn, arg, victim);                        \
-  } while (0)
-    RUN("sizes 0 .. 16 MiB", 2, rank_sizes, NULL, -1);
-    RUN("any source, any tag", 4, rank_any, NULL, -1);
-    RUN("order of one pair's messages", 2, rank_order, NULL, -1);
-    RUN("truncation", 2, rank_truncate, NULL, -1);
-    RUN("irecv-send-wait 16 MiB, send before recv", 2, rank_swap, NULL, -1);
-    RUN("send to self", 1, rank_self, NULL, -1);
-    RUN("send to self, 2 ranks", 2, rank_self, NULL, -1);
-    RUN("collectives in between", 3, rank_mixed, NULL, -1);
-    RUN("isend 100 B; barrier; wait against recv; barrier", 2, rank_isend_barrier, (void *)(uintptr_t)100, -1);
-    RUN("isend 16 MiB; barrier; wait against recv; barrier", 2, rank_isend_barrier,
+    P2P_RUN("sizes 0 .. 16 MiB", 2, rank_sizes, NULL, -1);
+    P2P_RUN("any source, any tag", 4, rank_any, NULL, -1);
+    P2P_RUN("order of one pair's messages", 2, rank_order, NULL, -1);
+    P2P_RUN("truncation", 2, rank_truncate, NULL, -1);
+    P2P_RUN("irecv-send-wait 16 MiB, send before recv", 2, rank_swap, NULL, -1);
+    P2P_RUN("send to self", 1, rank_self, NULL, -1);
+    P2P_RUN("send to self, 2 ranks", 2, rank_self, NULL, -1);
+    P2P_RUN("collectives in between", 3, rank_mixed, NULL, -1);
+    P2P_RUN("isend 100 B; barrier; wait against recv; barrier", 2, rank_isend_barrier, (void *)(uintptr_t)100, -1);
+    P2P_RUN("isend 16 MiB; barrier; wait against recv; barrier", 2, rank_isend_barrier,
         (void *)(uintptr_t)(16 << 20), -1);
-    RUN("large messages back to back", 2, rank_back_to_back, NULL, -1);
+    P2P_RUN("large messages back to back", 2, rank_back_to_back, NULL, -1);
   }
   return harness_finish();
 }

@@ -226,22 +226,17 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   for (int cma = 1; cma >= 0; cma--) {
     const char *const *env = cma ? NULL : no_cma;
+    P2P_RUN("a timed-out receive is withdrawn; misuse", 2, rank_withdraw, NULL, -1);
+    P2P_RUN("interrupt", 2, rank_interrupt, NULL, -1);
+    P2P_RUN("a peer dies during a small recv", 2, rank_dies, NULL, 0);
+    P2P_RUN("a peer dies during a large recv", 2, rank_dies, (void *)1, 0);
+    P2P_RUN("a freed unfinished send ends on an interrupt", 2, rank_free_interrupt, NULL, -1);
     char name[64];
-#define RUN(label, P, fn, arg, victim)                                                        \
-  do {                                                                                        \
-    snprintf(name, sizeof name, "%s (%s)", label, cma ? "pulled" : "cells");                 \
-    if (CASE(name)) spawn_expect(name, P, 120, env, fn, arg, victim);                        \
-  } while (0)
-    RUN("a timed-out receive is withdrawn; misuse", 2, rank_withdraw, NULL, -1);
-    RUN("interrupt", 2, rank_interrupt, NULL, -1);
-    RUN("a peer dies during a small recv", 2, rank_dies, NULL, 0);
-    RUN("a peer dies during a large recv", 2, rank_dies, (void *)1, 0);
-    RUN("a freed unfinished send ends on an interrupt", 2, rank_free_interrupt, NULL, -1);
     snprintf(name, sizeof name, "a long wait warns (%s)", cma ? "pulled" : "cells");
     const char *const stall_env[] = {"HBMCOLL_STALL_WARN=0.5", cma ? NULL : "HBMCOLL_P2P_CMA=0", NULL};
     if (CASE(name)) spawn_expect(name, 2, 60, stall_env, rank_stall, NULL, -1);
     if (pipe(quiet_pipe) == 0) {
-      RUN("two exchange, the third is elsewhere", 3, rank_bystander, NULL, -1);
+      P2P_RUN("two exchange, the third is elsewhere", 3, rank_bystander, NULL, -1);
       close(quiet_pipe[0]);
       close(quiet_pipe[1]);
     }
