@@ -47,6 +47,7 @@ struct coll__net_ring {
   int *reach;         /* net peer of each member (-1: none yet), for the small allgather */
   uint32_t hops;      /* small allgathers so far */
   uint32_t hop_seen[HOP_SEEN];
+  uint64_t hop_staged[2], hop_sent[2]; /* writes (not injects) from each small allgather area */
   uint32_t ready_seen[RING_SEEN]; /* "ready from transfer t on", from a new right neighbour */
   int cur_left, cur_right;  /* the neighbours of the last run (a shift has others) */
   uint32_t fresh;           /* the first transfer since they changed: no credit before it */
@@ -113,15 +114,17 @@ static void ring_keep(coll__net_ring_t *r, uint32_t note) {
 
 /* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
  * completion of my write from send slot t % 2. */
-enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF };
+enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF, RING_HOP_SENT };
 static const char *const ring_waits_for[] = {"data from the previous node's rank",
                                              "credit from the next node's rank",
                                              "my write to the next node's rank to complete",
                                              "blocks from another node's rank",
-                                             "another node's rank to be ready"};
+                                             "another node's rank to be ready",
+                                             "my writes of blocks to another node's rank to complete"};
 
 static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
+  if (what == RING_HOP_SENT) return r->hop_sent[t & 1] >= r->hop_staged[t & 1];
   if (what == RING_HOP_OF) return r->hop_seen[t % HOP_SEEN] == t;
   if (what == RING_READY_OF) return r->ready_seen[t % RING_SEEN] == t;
   return (what == RING_DATA ? r->data_seen : r->credit_seen)[t % RING_SEEN] == t;
@@ -314,38 +317,54 @@ int coll__net_ring_shift(coll__net_ring_t *r, int j, const void *src, void *dst,
   return rc;
 }
 
-/* The small allgather (Bruck's dissemination): W, the call's area of my pool, holds at W[j] the
- * block of member me + j. Step k (d = 2^k) writes W[0, min(d, n - d)) into member me - d's
- * W[d, ...) and waits for member me + d's write of the same into mine: ceil(log2 n) steps
- * where the ring takes n - 1. The areas alternate between calls, and no credit is needed: a
+/* The small allgather, the eager path (Bruck's dissemination): W, the call's area of my pool,
+ * holds at W[j] the block of member me + j. Step k (d = 2^k) writes W[0, min(d, n - d)) into
+ * member me - d's W[d, ...) and waits for member me + d's write of the same into mine:
+ * ceil(log2 n) steps where the ring takes n - 1, one transfer each way per step (2 nodes: one
+ * in all). Only the first `used` bytes of the last block written go (the rest of a block is
+ * the caller's don't-care), so a small step fits the provider's inject size and is injected:
+ * nothing to wait for after it. The areas alternate between calls, and no credit is needed: a
  * member is at most one call ahead of any other (it cannot finish a call before everyone
- * started it), and my own writes from an area completed before the call ended. */
-static int ring_hops(coll__net_ring_t *r, uint8_t *buf, size_t block, double timeout_s, char *err, size_t errlen) {
+ * started it, and it starts the next only after taking its blocks out of the area). My writes
+ * that were not injected must have left an area before I fill it again, two calls later: by
+ * then their completions came long ago, so that wait costs nothing. */
+static int ring_hops(coll__net_ring_t *r, uint8_t *buf, size_t block, size_t used, double timeout_s, char *err,
+                     size_t errlen) {
   size_t n = (size_t)r->n, me = (size_t)r->me;
   uint32_t call = r->hops++;
   size_t area = ring_hop_off(r, call);
   uint8_t *w = coll__net_pool(r->net) + area;
-  memcpy(w, buf + me * block, block);
   coll__net_set_timeout(r->net, timeout_s);
-  int rc = 0;
+  int rc = ring_wait(r, RING_HOP_SENT, call, timeout_s, err, errlen);
+  if (rc == 0) memcpy(w, buf + me * block, used);
   for (uint32_t k = 0, d = 1; rc == 0 && d < n; k++, d <<= 1) {
-    size_t cnt = d < n - d ? d : n - d;
+    size_t cnt = d < n - d ? d : n - d, len = (cnt - 1) * block + used;
     uint32_t step = (call * 8 + k) & RING_NUM;
-    rc = coll__net_write(r->net, r->reach[(me + n - d) % n], area, area + d * block, cnt * block, step | RING_HOP,
-                         NULL, err, errlen);
+    int peer = r->reach[(me + n - d) % n];
+    if (len <= coll__net_inject_max(r->net)) {
+      rc = coll__net_inject(r->net, peer, area, area + d * block, len, step | RING_HOP, err, errlen);
+    } else {
+      r->hop_staged[call & 1]++;
+      rc = coll__net_write(r->net, peer, area, area + d * block, len, step | RING_HOP, &r->hop_sent[call & 1], err,
+                           errlen);
+    }
     if (rc == 0) rc = ring_wait(r, RING_HOP_OF, step, timeout_s, err, errlen);
   }
-  if (rc == 0) rc = coll__net_flush(r->net, err, errlen);
-  for (size_t j = 0; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, block);
+  for (size_t j = 1; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, block);
   return rc;
+}
+
+int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, double timeout_s,
+                                  char *err, size_t errlen) {
+  if ((block && buf == NULL) || used > block) return COLL_EBADARG;
+  if (r->n == 1 || block == 0) return 0;
+  int reached = block * (size_t)r->n <= r->hop_area / 2;
+  for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
+  if (reached) return ring_hops(r, buf, block, used, timeout_s, err, errlen);
+  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
 }
 
 int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen) {
-  if (block && buf == NULL) return COLL_EBADARG;
-  if (r->n == 1 || block == 0) return 0;
-  int reached = r->n > 2 && block * (size_t)r->n <= r->hop_area / 2;
-  for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
-  if (reached) return ring_hops(r, buf, block, timeout_s, err, errlen);
-  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
+  return coll__net_ring_allgather_used(r, buf, block, block, timeout_s, err, errlen);
 }

@@ -62,5 +62,10 @@ int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *d
  * n blocks fit half of a 16th of the pool (128 KiB of 4 MiB), in ceil(log2 n) steps (Bruck's dissemination), else around the ring. Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
+/* The same where only each block's first `used` bytes matter (used <= block): the small path
+ * moves no more (the rest of the blocks arrive as anything), so a step of a few dozen bytes goes
+ * as one injected transfer. */
+int coll__net_ring_allgather_used(coll__net_ring_t *ring, void *buf, size_t block, size_t used, double timeout_s,
+                                  char *err, size_t errlen);
 
 #endif /* COLL_NET_RING_H */
