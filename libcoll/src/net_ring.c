@@ -34,6 +34,7 @@
 #define RING_SEEN 8             /* notes kept by number, per kind */
 #define HOP_SEEN 32             /* steps kept by number: 4 allgathers of up to 8 steps */
 #define RING_SCRATCH 4096       /* the pool's tail: where credits land */
+#define HOP_EAGER_2 4096        /* the largest block the eager path takes with 2 members */
 
 struct coll__net_ring {
   coll__net_t *net;
@@ -358,7 +359,9 @@ int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, 
                                   char *err, size_t errlen) {
   if ((block && buf == NULL) || used > block) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
-  int reached = block * (size_t)r->n <= r->hop_area / 2;
+  /* with 2 members the ring takes as few steps, and past a few KiB its writes straight from buf
+   * (no staging copy in and out) may pay more than the credit saves: not measured, so kept */
+  int reached = block * (size_t)r->n <= r->hop_area / 2 && (r->n > 2 || block <= HOP_EAGER_2);
   for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
   if (reached) return ring_hops(r, buf, block, used, timeout_s, err, errlen);
   return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
