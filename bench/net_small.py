@@ -13,6 +13,7 @@ nothing is asserted.
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ BLOCK = 32 + 1024  # a meeting block (hier.c: head + COLL__HIER_SMALL)
 
 
 def pingpong(nodes):
-    args = ["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", "8", "-I", "20000"]
+    args = ["fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", "8", "-I", "2000"]
     srv = nodes.popen(0, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)
     cli = nodes.popen(1, args + [nodes.addrs[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -46,6 +47,7 @@ def hbmcoll(pymod, nodes, per_node, sizes, seconds):
 
 
 def main():
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through NetNodes: no namespace left
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="/work/main", help="the tree to compare with (its pymod)")
     ap.add_argument("--sizes", default="8")
