@@ -291,6 +291,7 @@ int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, 
                                   char *err, size_t errlen) {
   if ((block && buf == NULL) || used > block) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
+  if (used == 0) used = 1; /* a step carries at least a byte, as the ring's empty chunks do */
   /* with 2 members the ring takes as few steps, and past a few KiB its writes straight from buf
    * (no staging copy in and out) may pay more than the credit saves: not measured, so kept */
   int reached = block * (size_t)r->n <= r->hop_area / 2 && (r->n > 2 || block <= HOP_EAGER_2);
