@@ -4,11 +4,15 @@
  * over the same links in the same run.
  *
  *   build/net_bench NS0,NS1[,...] [-i IFACE] [-s BYTES[,BYTES...]] [-t SECONDS] [-p POOL_BYTES]
+ *                   [-k allreduce|allgather|pingpong]
  *
  * Forks one member per namespace (setns), swaps the endpoints' cards over socketpairs, and
  * for each size (float32 sum) runs warm-up calls and then timed calls for about -t seconds
  * (at least 5), each started together (the members agree on the count through the first
  * call). Prints "allreduce BYTES B: US us" per size: the slowest member's mean.
+ * -k allgather times the ring's allgather of BYTES per member instead (what a call's meeting
+ * costs between nodes); -k pingpong times one coll__net_write with its note one way (half a
+ * round trip between members 0 and 1, polled without idling: the bridge's floor).
  */
 #include <fcntl.h>
 #include <sched.h>
@@ -43,6 +47,39 @@ static int enter(const char *ns) {
 }
 
 static size_t pool_bytes = 4u << 20; /* -p: the ring's slots are a quarter each */
+static const char *kind = "allreduce"; /* -k */
+
+/* Until a note arrives, polling without idling. */
+static int await_note(coll__net_t *net, char *err, size_t errlen) {
+  uint32_t note;
+  int rc;
+  while ((rc = coll__net_poll(net, &note, err, errlen)) == 0) {
+  }
+  return rc < 0 ? rc : 0;
+}
+
+/* One call of the kind timed: member 0 and 1 bounce `bytes` (pingpong: 2 transfers), or the ring's. */
+static int one_call(coll__net_ring_t *ring, coll__net_t *net, int me, int peer, float *buf, size_t bytes,
+                    char *err, size_t errlen) {
+  size_t count = bytes / 4 ? bytes / 4 : 1;
+  if (!strcmp(kind, "allgather")) {
+    int n = coll__net_ring_members(ring);
+    static uint8_t *all;
+    static size_t all_bytes;
+    if (all_bytes < bytes * (size_t)n && (all = realloc(all, bytes * (size_t)n)) != NULL) all_bytes = bytes * (size_t)n;
+    return all ? coll__net_ring_allgather(ring, all, bytes, 60, err, errlen) : -1;
+  }
+  if (!strcmp(kind, "pingpong") && me < 2) {
+    size_t len = bytes ? bytes : 1;
+    int rc = me == 1 ? await_note(net, err, errlen) : 0;
+    /* a note no ring waits for (a small allgather step number never reached) */
+    if (rc == 0) rc = coll__net_write(net, peer, 0, 0, len, 0x7fffffffu, NULL, err, errlen);
+    if (rc == 0 && me == 0) rc = await_note(net, err, errlen);
+    return rc;
+  }
+  if (!strcmp(kind, "pingpong")) return 0;
+  return coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, count, 60, err, errlen);
+}
 
 static int member(int me, int n, int fd, const char *ns, const char *iface, const size_t *sizes,
                   int nsizes, double seconds) {
@@ -68,18 +105,21 @@ static int member(int me, int n, int fd, const char *ns, const char *iface, cons
     float *buf = calloc(count, 4);
     /* the calls to time: member 0 decides from a warm-up and tells the others in a call */
     double t0 = now();
-    for (int w = 0; w < 3; w++) rc |= coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, count, 60, err, sizeof err);
+    for (int w = 0; w < 3; w++) rc |= one_call(ring, net, me, right, buf, sizes[k], err, sizeof err);
     float iters = (float)(seconds / ((now() - t0) / 3 + 1e-6));
     iters = iters < 5 ? 5 : iters > 100000 ? 100000 : iters;
     float agree = me == 0 ? iters : 0;
-    rc |= coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_MAX, &agree, 1, 60, err, sizeof err);
+    /* pingpong: a fixed count, no ring call (its notes would meet the pings) */
+    if (!strcmp(kind, "pingpong")) agree = 5000;
+    else rc |= coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_MAX, &agree, 1, 60, err, sizeof err);
     long its = (long)agree;
     t0 = now();
     for (long i = 0; i < its && rc == 0; i++) {
       buf[0] = (float)i;
-      rc = coll__net_ring_allreduce(ring, COLL_FLOAT32, COLL_SUM, buf, count, 60, err, sizeof err);
+      rc = one_call(ring, net, me, right, buf, sizes[k], err, sizeof err);
     }
-    double us = (now() - t0) / (double)its * 1e6;
+    if (rc == 0) rc = coll__net_flush(net, err, sizeof err);
+    double us = (now() - t0) / (double)its * 1e6 / (!strcmp(kind, "pingpong") ? 2 : 1);
     free(buf);
     if (rc) return fprintf(stderr, "member %d: %s\n", me, err), 6;
     if (write(fd, &us, sizeof us) != sizeof us) return 7;
@@ -106,6 +146,7 @@ int main(int argc, char **argv) {
   for (int a = 2; a + 1 < argc; a += 2) {
     if (!strcmp(argv[a], "-i")) iface = argv[a + 1];
     else if (!strcmp(argv[a], "-t")) seconds = atof(argv[a + 1]);
+    else if (!strcmp(argv[a], "-k")) kind = argv[a + 1];
     else if (!strcmp(argv[a], "-p")) pool_bytes = (size_t)strtoull(argv[a + 1], NULL, 10);
     else if (!strcmp(argv[a], "-s")) {
       nsizes = 0;

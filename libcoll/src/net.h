@@ -107,6 +107,13 @@ int coll__net_write(coll__net_t *net, int peer, size_t from, size_t to, size_t l
 int coll__net_any_source(const coll__net_t *net);
 int coll__net_write_from(coll__net_t *net, int peer, const void *src, size_t len, size_t to, uint32_t note,
                          uint64_t *sent_p, char *err, size_t errlen);
+/* The most bytes coll__net_inject takes here (the provider's inject size; 0: none). */
+size_t coll__net_inject_max(const coll__net_t *net);
+/* coll__net_write of at most coll__net_inject_max bytes, injected: my bytes may be reused as soon
+ * as it returns, and no completion follows (no flush waits for it). The eager path of small
+ * messages: one transfer, nothing to reap. COLL_EBADARG where len is over the limit. */
+int coll__net_inject(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note, char *err,
+                     size_t errlen);
 /* Until every write I posted completed (my pool may be reused). */
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen);
 /* Drive progress once: 1 and *note_p when a peer's write arrived, 0 when nothing did, or a

@@ -48,6 +48,12 @@ int coll__net_write_from(coll__net_t *net, int peer, const void *src, size_t len
   (void)net, (void)peer, (void)src, (void)len, (void)to, (void)note, (void)sent_p, (void)err, (void)errlen;
   return COLL_ENOTSUP;
 }
+size_t coll__net_inject_max(const coll__net_t *net) { return (void)net, 0; }
+int coll__net_inject(coll__net_t *net, int peer, size_t from, size_t to, size_t len, uint32_t note, char *err,
+                     size_t errlen) {
+  (void)net, (void)peer, (void)from, (void)to, (void)len, (void)note, (void)err, (void)errlen;
+  return COLL_ENOTSUP;
+}
 int coll__net_flush(coll__net_t *net, char *err, size_t errlen) {
   (void)net, (void)err, (void)errlen;
   return COLL_ENOTSUP;

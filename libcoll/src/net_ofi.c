@@ -161,22 +161,30 @@ static int net_step(coll__net_t *n, double until, unsigned spins, double *since,
   return 0;
 }
 
-/* Post one write from src (desc: its registration, NULL where the provider needs none); the
- * note with it, or (sourced) as a message of no bytes behind it, which names me to the peer. */
+/* How a write goes: with its note, injected with its note (no completion), or with the note as a
+ * message of no bytes behind it, which names me to the peer. */
+enum { NET_NOTED, NET_INJECTED, NET_SOURCED };
+static const char *const net_post_call[] = {"fi_writedata", "fi_inject_writedata", "fi_write"};
+
+/* Post one write from src (desc: its registration, NULL where the provider needs none), `how`
+ * as above. */
 static int net_post(coll__net_t *n, int peer, const void *src, void *desc, size_t to, size_t len,
-                    uint32_t note, int sourced, uint64_t *sent_p, char *err, size_t errlen) {
+                    uint32_t note, int how, uint64_t *sent_p, char *err, size_t errlen) {
   const net_peer_t *p = &n->peers[peer];
   double until = n->timeout_s ? coll__net_now() + n->timeout_s : 0, since = 0;
+  int sourced = how == NET_SOURCED;
   for (unsigned spins = 1;; spins++) {
     ssize_t rc = sourced ? fi_write(n->ep, src, len, desc, p->addr, p->base + to, p->key, sent_p)
-                         : fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
+                 : how == NET_INJECTED ? fi_inject_writedata(n->ep, src, len, note, p->addr, p->base + to, p->key)
+                 : fi_writedata(n->ep, src, len, desc, note, p->addr, p->base + to, p->key, sent_p);
     if (rc == 0) break;
-    if (rc != -FI_EAGAIN) return coll__net_fail(err, errlen, (int)rc, sourced ? "fi_write" : "fi_writedata");
+    if (rc != -FI_EAGAIN) return coll__net_fail(err, errlen, (int)rc, net_post_call[how]);
     /* the provider wants progress (rxm connects on demand); it retries a peer that went away
      * for ever, hence the watch and the limit */
     int r = net_step(n, until, spins, &since, "a write to another node's rank found no way through", err, errlen);
     if (r) return r;
   }
+  if (how == NET_INJECTED) return 0; /* no completion will come */
   n->posted++;
   if (!sourced) return 0;
   if (!n->saw) { /* the note could overtake the bytes: it leaves once they are there */
@@ -197,14 +205,22 @@ int coll__net_write(coll__net_t *n, int peer, size_t from, size_t to, size_t len
                     uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
     return COLL_EBADARG;
-  return net_post(n, peer, n->pool + from, n->desc, to, len, note, 0, sent_p, err, errlen);
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, NET_NOTED, sent_p, err, errlen);
+}
+
+size_t coll__net_inject_max(const coll__net_t *n) { return n->inject; }
+
+int coll__net_inject(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note, char *err,
+                     size_t errlen) {
+  if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->inject) return COLL_EBADARG;
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, NET_INJECTED, NULL, err, errlen);
 }
 
 int coll__net_write_sourced(coll__net_t *n, int peer, size_t from, size_t to, size_t len, uint32_t note,
                             uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || from + len > n->pool_bytes || len > n->pool_bytes)
     return COLL_EBADARG;
-  return net_post(n, peer, n->pool + from, n->desc, to, len, note, 1, sent_p, err, errlen);
+  return net_post(n, peer, n->pool + from, n->desc, to, len, note, NET_SOURCED, sent_p, err, errlen);
 }
 
 uint64_t coll__net_dropped(const coll__net_t *n) { return n->dropped; }
@@ -226,7 +242,7 @@ int coll__net_interrupted(coll__net_t *n) {
 int coll__net_write_from(coll__net_t *n, int peer, const void *src, size_t len, size_t to, uint32_t note,
                          uint64_t *sent_p, char *err, size_t errlen) {
   if (peer < 0 || peer >= n->npeers || n->mr_local || len > n->pool_bytes) return COLL_EBADARG;
-  return net_post(n, peer, src, NULL, to, len, note, 0, sent_p, err, errlen);
+  return net_post(n, peer, src, NULL, to, len, note, NET_NOTED, sent_p, err, errlen);
 }
 
 int coll__net_flush(coll__net_t *n, char *err, size_t errlen) {

@@ -55,6 +55,7 @@ struct coll__net {
   int virt_addr, rx_cq_data;
   int source; /* FI_SOURCE: a message's completion names its sender */
   int saw;    /* FI_ORDER_SAW: a message sent after a write arrives after its bytes */
+  size_t inject;    /* the provider's inject size: writes up to it need no completion */
   uint64_t dropped; /* notes refused: from no peer of ours, or messages with bytes */
   int mr_local; /* FI_MR_LOCAL: what we write from must be registered (verbs) */
   int own_pool; /* the pool is ours to unmap (not the caller's) */

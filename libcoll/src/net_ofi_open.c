@@ -163,6 +163,7 @@ static int net_open_parts(coll__net_t *n, char *err, size_t errlen) {
   n->mr_local = (mr_mode & FI_MR_LOCAL) != 0;
   n->rx_cq_data = (n->info->mode & FI_RX_CQ_DATA) != 0;
   n->source = (n->info->caps & FI_SOURCE) != 0;
+  n->inject = n->info->tx_attr->inject_size;
   n->saw = (n->info->tx_attr->msg_order & n->info->rx_attr->msg_order & FI_ORDER_SAW) != 0;
   /* posted always: message notes need them, and a message that finds none waits in the
    * provider's unexpected queue for ever (a stranger's would pile up there) */

@@ -18,6 +18,8 @@
  * neighbour's receive slot t % 2 with the note t; then wait for the left neighbour's note t, take its
  * chunk out of my receive slot t % 2 and send the left neighbour credit t. Notes can arrive
  * in any order, so the last few of each kind are kept by number.
+ *
+ * Small allgathers (every call's meeting across nodes) take the eager path, net_eager.c.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -26,42 +28,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "net_ring.h"
-
-#define RING_CREDIT 0x80000000u /* a note's top bit: credit (from the right), else data */
-#define RING_HOP 0x40000000u    /* the next bit: a step of the small allgather (ring_hops) */
-#define RING_NUM 0x3fffffffu    /* the rest: the transfer's or step's number */
-#define RING_BYE (RING_CREDIT | RING_HOP | RING_NUM) /* a goodbye (coll__net_ring_goodbye): a "ready"
-                                                        * of the one number no shift starts at */
-#define RING_SEEN 8             /* notes kept by number, per kind */
-#define HOP_SEEN 32             /* steps kept by number: 4 allgathers of up to 8 steps */
-#define RING_SCRATCH 4096       /* the pool's tail: where credits land */
-
-struct coll__net_ring {
-  coll__net_t *net;
-  int n, me, left, right;
-  size_t chunk;       /* bytes per slot */
-  uint32_t next;      /* the next transfer's number */
-  /* the last notes of each kind by number, UINT32_MAX where none came (numbers are < 2^31) */
-  uint32_t data_seen[RING_SEEN], credit_seen[RING_SEEN];
-  uint64_t staged[2], sent[2]; /* writes from each send slot: posted, completed */
-  int direct;         /* chunks written straight from the caller's buffer, not staged */
-  int *reach;         /* net peer of each member (-1: none yet), for the small allgather */
-  uint32_t hops;      /* small allgathers so far */
-  uint32_t hop_seen[HOP_SEEN];
-  uint32_t ready_seen[RING_SEEN]; /* "ready from transfer t on", from a new right neighbour */
-  int cur_left, cur_right;  /* the neighbours of the last run (a shift has others) */
-  uint32_t fresh;           /* the first transfer since they changed: no credit before it */
-  size_t hop_area;    /* the pool's bytes before the scratch: the small allgather's two areas */
-  int byes;           /* goodbyes from the other members */
-};
+#include "net_ring_int.h"
 
 static size_t ring_send_off(const coll__net_ring_t *r, uint32_t t) { return (t & 1) * r->chunk; }
 static size_t ring_recv_off(const coll__net_ring_t *r, uint32_t t) { return (2 + (t & 1)) * r->chunk; }
 static size_t ring_scratch_off(const coll__net_ring_t *r) { return 4 * r->chunk + r->hop_area; }
-static size_t ring_hop_off(const coll__net_ring_t *r, uint32_t call) {
-  return 4 * r->chunk + (call & 1) * (r->hop_area / 2);
-}
 
 int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
                         coll__net_ring_t **ring_p) {
@@ -118,18 +89,18 @@ static void ring_keep(coll__net_ring_t *r, uint32_t note) {
   else ((note & RING_CREDIT) ? r->credit_seen : r->data_seen)[num % RING_SEEN] = num;
 }
 
-/* What a ring waits for: the left neighbour's data t, the right neighbour's credit t, or the
- * completion of my write from send slot t % 2. */
-enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF, RING_BYES };
+/* What each kind of wait (net_ring_int.h) waits for, said when it fails. */
 static const char *const ring_waits_for[] = {"data from the previous node's rank",
                                              "credit from the next node's rank",
                                              "my write to the next node's rank to complete",
                                              "blocks from another node's rank",
                                              "another node's rank to be ready",
+                                             "my writes of blocks to another node's rank to complete",
                                              "the other nodes' ranks' goodbyes"};
 
 static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
   if (what == RING_SENT) return r->sent[t & 1] >= r->staged[t & 1];
+  if (what == RING_HOP_SENT) return r->hop_sent[t & 1] >= r->hop_staged[t & 1];
   if (what == RING_HOP_OF) return r->hop_seen[t % HOP_SEEN] == t;
   if (what == RING_READY_OF) return r->ready_seen[t % RING_SEEN] == t;
   if (what == RING_BYES) return r->byes >= r->n - 1;
@@ -139,8 +110,7 @@ static int ring_ready(const coll__net_ring_t *r, int what, uint32_t t) {
 /* Until `what` for transfer t: every note that arrives meanwhile is kept by number. Between
  * empty polls the bridge spins a little, then blocks in the kernel (coll__net_idle); after a
  * block, and every few hundred polls, the interrupt and the deadline are looked at. */
-static int ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s, char *err,
-                     size_t errlen) {
+int coll__net_ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s, char *err, size_t errlen) {
   double until = timeout_s > 0 ? ring_now() + timeout_s : 0, since = 0;
   for (unsigned spins = 0; !ring_ready(r, what, t); spins++) {
     uint32_t note;
@@ -179,9 +149,9 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
   uint8_t *pool = coll__net_pool(r->net);
   int rc;
   if (t >= 2 && ((t - r->fresh) & RING_NUM) >= 2 &&
-      (rc = ring_wait(r, RING_CREDIT_OF, (t - 2) & RING_NUM, timeout_s, err, errlen)) != 0)
+      (rc = coll__net_ring_wait(r, RING_CREDIT_OF, (t - 2) & RING_NUM, timeout_s, err, errlen)) != 0)
     return rc;
-  if ((rc = ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
+  if ((rc = coll__net_ring_wait(r, RING_SENT, t, timeout_s, err, errlen)) != 0) return rc;
   r->staged[t & 1]++;
   if (r->direct && st->send_len)
     return coll__net_write_from(r->net, r->right, st->src, st->send_len, ring_recv_off(r, t), t,
@@ -196,7 +166,7 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
  * chunk out of receive slot t % 2, and give it the credit of t. */
 static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, coll_dtype_t dtype,
                      coll_op_t op, double timeout_s, char *err, size_t errlen) {
-  int rc = ring_wait(r, RING_DATA, t, timeout_s, err, errlen);
+  int rc = coll__net_ring_wait(r, RING_DATA, t, timeout_s, err, errlen);
   if (rc) return rc;
   const uint8_t *in = coll__net_pool(r->net) + ring_recv_off(r, t);
   if (st->reduce && st->recv_len) {
@@ -218,7 +188,7 @@ static int ring_neighbours(coll__net_ring_t *r, uint32_t t0, double timeout_s, c
   if (r->left == r->cur_left && r->right == r->cur_right) return 0;
   int rc = coll__net_write(r->net, r->left, ring_scratch_off(r), ring_scratch_off(r), 1,
                            t0 | RING_HOP | RING_CREDIT, NULL, err, errlen);
-  if (rc == 0) rc = ring_wait(r, RING_READY_OF, t0, timeout_s, err, errlen);
+  if (rc == 0) rc = coll__net_ring_wait(r, RING_READY_OF, t0, timeout_s, err, errlen);
   if (rc) return rc;
   r->cur_left = r->left, r->cur_right = r->right, r->fresh = t0;
   return 0;
@@ -266,7 +236,7 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
     /* the allgather overwrites what the reduce-scatter sent K(n-1) transfers before: written
      * straight from here, that write must have left first (at most two are in flight) */
     if (rc == 0 && r->direct && first == 0 && i >= K * (n - 1))
-      rc = ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & RING_NUM, timeout_s, err, errlen);
+      rc = coll__net_ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & RING_NUM, timeout_s, err, errlen);
     if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
     if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     st = next;
@@ -323,40 +293,22 @@ int coll__net_ring_shift(coll__net_ring_t *r, int j, const void *src, void *dst,
   return rc;
 }
 
-/* The small allgather (Bruck's dissemination): W, the call's area of my pool, holds at W[j] the
- * block of member me + j. Step k (d = 2^k) writes W[0, min(d, n - d)) into member me - d's
- * W[d, ...) and waits for member me + d's write of the same into mine: ceil(log2 n) steps
- * where the ring takes n - 1. The areas alternate between calls, and no credit is needed: a
- * member is at most one call ahead of any other (it cannot finish a call before everyone
- * started it), and my own writes from an area completed before the call ended. */
-static int ring_hops(coll__net_ring_t *r, uint8_t *buf, size_t block, double timeout_s, char *err, size_t errlen) {
-  size_t n = (size_t)r->n, me = (size_t)r->me;
-  uint32_t call = r->hops++;
-  size_t area = ring_hop_off(r, call);
-  uint8_t *w = coll__net_pool(r->net) + area;
-  memcpy(w, buf + me * block, block);
-  coll__net_set_timeout(r->net, timeout_s);
-  int rc = 0;
-  for (uint32_t k = 0, d = 1; rc == 0 && d < n; k++, d <<= 1) {
-    size_t cnt = d < n - d ? d : n - d;
-    uint32_t step = (call * 8 + k) & RING_NUM;
-    rc = coll__net_write(r->net, r->reach[(me + n - d) % n], area, area + d * block, cnt * block, step | RING_HOP,
-                         NULL, err, errlen);
-    if (rc == 0) rc = ring_wait(r, RING_HOP_OF, step, timeout_s, err, errlen);
-  }
-  if (rc == 0) rc = coll__net_flush(r->net, err, errlen);
-  for (size_t j = 0; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, block);
-  return rc;
+int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, double timeout_s,
+                                  char *err, size_t errlen) {
+  if ((block && buf == NULL) || used > block) return COLL_EBADARG;
+  if (r->n == 1 || block == 0) return 0;
+  if (used == 0) used = 1; /* a step carries at least a byte, as the ring's empty chunks do */
+  /* with 2 members the ring takes as few steps, and past a few KiB its writes straight from buf
+   * (no staging copy in and out) may pay more than the credit saves: not measured, so kept */
+  int reached = block * (size_t)r->n <= r->hop_area / 2 && (r->n > 2 || block <= HOP_EAGER_2);
+  for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
+  if (reached) return coll__net_eager_allgather(r, buf, block, used, timeout_s, err, errlen);
+  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
 }
 
 int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen) {
-  if (block && buf == NULL) return COLL_EBADARG;
-  if (r->n == 1 || block == 0) return 0;
-  int reached = r->n > 2 && block * (size_t)r->n <= r->hop_area / 2;
-  for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
-  if (reached) return ring_hops(r, buf, block, timeout_s, err, errlen);
-  return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
+  return coll__net_ring_allgather_used(r, buf, block, block, timeout_s, err, errlen);
 }
 
 /* Every member writes a goodbye to every other and waits for theirs, then for its own writes: a
@@ -371,6 +323,6 @@ int coll__net_ring_goodbye(coll__net_ring_t *r, double timeout_s, char *err, siz
     rc = coll__net_write(r->net, r->reach[m], ring_scratch_off(r), ring_scratch_off(r), 1, RING_BYE, NULL, err,
                          errlen);
   }
-  if (rc == 0) rc = ring_wait(r, RING_BYES, 0, timeout_s, err, errlen);
+  if (rc == 0) rc = coll__net_ring_wait(r, RING_BYES, 0, timeout_s, err, errlen);
   return rc ? rc : coll__net_flush(r->net, err, errlen);
 }

@@ -6,7 +6,8 @@
  * with a note saying which transfer it is; the neighbour answers with a credit note once it
  * has consumed the slot, and a slot is written again only after its credit came back. So
  * two transfers are in flight per link, and nothing but the bridge's notes synchronises the
- * members. The transfers are numbered on from one collective to the next.
+ * members. The transfers are numbered on from one collective to the next. Small allgathers (every
+ * call's meeting across nodes) take the eager path instead: no slots, no credits (see there).
  */
 #ifndef COLL_NET_RING_H
 #define COLL_NET_RING_H
@@ -58,10 +59,17 @@ int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *d
                          char *err, size_t errlen);
 
 /* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
- * block m; afterwards every member has all n. Where every member was reached, n > 2 and the
- * n blocks fit half of a 16th of the pool (128 KiB of 4 MiB), in ceil(log2 n) steps (Bruck's dissemination), else around the ring. Returns as coll__net_ring_allreduce. */
+ * block m; afterwards every member has all n. Where every member was reached and the n blocks
+ * fit half of a 16th of the pool (128 KiB of 4 MiB), with 2 members blocks of up to 4 KiB only,
+ * by the eager path: ceil(log2 n) steps (Bruck's dissemination), each one transfer each way with
+ * no credit (2 members: one in all); else around the ring. Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
+/* The same where only each block's first `used` bytes matter (used <= block): the small path
+ * moves no more (the rest of the blocks arrive as anything), so a step of a few dozen bytes goes
+ * as one injected transfer. */
+int coll__net_ring_allgather_used(coll__net_ring_t *ring, void *buf, size_t block, size_t used, double timeout_s,
+                                  char *err, size_t errlen);
 
 /* Collective, the ring's last call: once it returns no member writes into my pool any more and my
  * writes completed, so the endpoint may close under nobody (a member that closed while a neighbour

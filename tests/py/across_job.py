@@ -1,7 +1,8 @@
 """The program every rank runs in the tests across emulated nodes (test_across_nodes.py,
 test_launchers_across.py), whichever launcher starts it: every collective against NumPy.
 
-MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=die: rank DIE (the last
+MODE=mismatch: disagreeing calls, each MismatchError on every rank; MODE=backtoback: 10000 8-byte
+allreduces, rank 1 sleeping now and then, every result checked; MODE=die: rank DIE (the last
 by default) is killed (after DIE_AFTER s of allreduces of COUNT floats), the others loop until PeerLostError; MODE=loop: allreduce until PeerLostError; MODE=interrupt: node 0 waits in a collective that
 node 1 joins late, until Ctrl-C. With an argument "mpi", the communicator comes from
 mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well.
@@ -36,6 +37,20 @@ if os.environ.get("MODE") == "mismatch":
     x = np.ones(5, dtype=np.float32)
     c.allreduce(x)
     assert np.array_equal(x, np.full(5, P, dtype=np.float32)), x
+    say("rank", c.rank, "of", c.size, "node", c.node, "ok")
+    raise SystemExit(0)
+if os.environ.get("MODE") == "backtoback":  # the eager path's slots reused: rank 1 late at random
+    import random
+    import time
+    rng = random.Random(c.rank)
+    x = np.empty(2, dtype=np.int32)  # 8 bytes
+    for i in range(10000):
+        x[:] = (c.rank * 7 + i, i % 5)
+        if c.rank == 1 and rng.random() < 1 / 16:
+            time.sleep(rng.random() * 3e-4)
+        c.allreduce(x)
+        want = (7 * P * (P - 1) // 2 + P * i, P * (i % 5))
+        assert tuple(x) == want, (i, tuple(x), want)
     say("rank", c.rank, "of", c.size, "node", c.node, "ok")
     raise SystemExit(0)
 if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which comes late

@@ -7,6 +7,8 @@
   gather/scatter/reduce to the first and last rank, reduce_scatter, alltoall, i-variants in
   flight together, torch tensors (bfloat16); split into groups that span the nodes (ordered by
   key), that stay on one node, that leave a rank out, and a split of a split;
+- 10000 back-to-back 8-byte allreduces (2 x 1, 2 x 2), one rank late now and then: every result
+  exact;
 - ranks calling allreduce with different counts (the nodes differ, the ranks of a node differ,
   one rank differs): MismatchError on every rank, and the communicator works on;
 - a rank of the second node killed: the first node's ranks get PeerLostError, no time limit;
@@ -62,6 +64,14 @@ def test_torchrun_two_nodes(two_nodes, per_node):
         assert out.count(" ok") == counts[i], out
     shape = f"{counts[0]} rank{'s' * (counts[0] > 1)}" if counts[0] == counts[1] else f"{counts[0]}/{counts[1]} ranks"
     assert f"2 nodes x {shape}, {min(counts)} ring(s), bridge: provider tcp;ofi_rxm" in res[0][2], res[0][2][-2000:]
+
+
+@pytest.mark.parametrize("per_node", [1, 2], ids=["2x1", "2x2"])
+def test_back_to_back_small_calls_with_a_late_rank(two_nodes, per_node):
+    # the meeting's eager path between nodes reuses its two areas call after call, with no credit
+    res = _torchrun(two_nodes, per_node, 29760 + per_node, {"HBMCOLL_JOB_KEY": "k" * 32, "MODE": "backtoback"})
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and out.count(" ok") == per_node, (i, out, err[-3000:])
 
 
 def test_ddp_across_nodes_ends_with_gloos_weights(two_nodes):
