@@ -12,6 +12,10 @@
  * blocks once one did not: the first long yield says the core is wanted, and for the next
  * COLL_CORE_WANTED_S every wait of this process blocks at once, then yields are tried again.
  *
+ * A yield may also come back at once beside a busy process (the scheduler runs only the task
+ * it owes time to, and just after the busy one's slice that is us): the wait then learns it from
+ * the other side, a gap between two of its polls as long as a slice (coll__core_gap).
+ *
  * The threshold sits between the two kinds of yield measured here: back from a rank of ours in
  * a few microseconds, back from a busy process after its slice (milliseconds). A rank of ours
  * that computes for longer than the threshold between its polls (a large reduction) also reads
@@ -34,13 +38,17 @@ double coll__core_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void coll__core_gap(double gap, double now) {
+  if (gap >= COLL_CORE_YIELD_LONG_S)
+    atomic_store_explicit(&share_until_ns, (int64_t)((now + COLL_CORE_WANTED_S) * 1e9), memory_order_relaxed);
+}
+
 int coll__core_yield(void) {
   double t0 = coll__core_now();
   sched_yield();
   double t1 = coll__core_now();
-  if (t1 - t0 < COLL_CORE_YIELD_LONG_S) return 0;
-  atomic_store_explicit(&share_until_ns, (int64_t)((t1 + COLL_CORE_WANTED_S) * 1e9), memory_order_relaxed);
-  return 1;
+  coll__core_gap(t1 - t0, t1);
+  return t1 - t0 >= COLL_CORE_YIELD_LONG_S;
 }
 
 int coll__core_wanted(double now) {

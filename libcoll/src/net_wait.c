@@ -124,7 +124,9 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
                           struct pollfd *extra, int nextra) {
   double now = wait_now();
-  if (*since == 0) *since = now;
+  if (*since == 0) *since = now, w->last = now;
+  coll__core_gap(now - w->last, now); /* off the core since the last poll: it is wanted */
+  w->last = now;
   if (now - *since < w->spin_s) return 0;
   /* while the core's other tasks are ranks of ours that yield back, yield too (core_share.c) */
   if (now - *since < COLL_CORE_YIELD_FOR_S && !coll__core_wanted(now) && !coll__core_yield()) return 0;
@@ -143,6 +145,7 @@ int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, do
   int first_extra = nfds;
   for (int k = 0; k < nextra; k++) fds[nfds++] = extra[k];
   int got = poll(fds, (nfds_t)nfds, ms);
+  w->last = wait_now(); /* the sleep is no sign of a wanted core */
   w->blocks++;
   if (got > 0 && fds[0].revents) w->woken++;
   for (int k = 0; k < nextra; k++) extra[k].revents = got > 0 ? fds[first_extra + k].revents : 0;

@@ -18,6 +18,7 @@ typedef struct {
   struct fid_cq *cq;
   int fd;        /* the CQ's wait object; -1: the provider gives none, and a wait yields */
   double spin_s; /* how long a stretch of empty polls lasts before the wait blocks */
+  double last;   /* when this wait last came here: a long gap since says the core is wanted */
   uint64_t blocks, woken; /* blocks so far, and those the CQ's fd ended */
   char how[112]; /* one phrase for coll__net_describe */
 } coll__net_waiter_t;

@@ -37,6 +37,7 @@
 
 #define SYNC_SLICE_MS 10     /* futex sleep slice */
 #define SYNC_CHECK_S 0.02    /* peer/interrupt/deadline checks in the slow path */
+#define SYNC_YIELD_S 0.002   /* yield at most this long before sleeping */
 
 static inline void sync_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -248,7 +249,7 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
     int rc;
     if (sync_abort_applies(c)) return sync_failed(c, flag, target);
     double now = sync_now();
-    if (yields < c->yield_budget && now - start < COLL_CORE_YIELD_FOR_S && !coll__core_wanted(now)) {
+    if (yields < c->yield_budget && now - start < SYNC_YIELD_S && !coll__core_wanted(now)) {
       yields++;
       coll__core_yield(); /* a long one (a busy task holds the core): the futex from now on */
     } else {
