@@ -4,9 +4,10 @@
  *  - pinned to one CPU beside a busy process pinned there too, a yield hands it a slice: one of
  *    a few yields says so (coll__core_yield 1), the core then counts as wanted, and it stops
  *    counting COLL_CORE_WANTED_S later without another long yield;
- *  - a node wait (sync.c) beside such a busy process, for a rank 200 ms late, sleeps on its
- *    futex: voluntary context switches (getrusage), where a wait that kept yielding would have
- *    none; and it still sees the late rank's arrival.
+ *  - a node wait (sync.c) that starts with the core wanted, for a rank 200 ms late, sleeps on
+ *    its futex (voluntary context switches, getrusage; a wait that only yielded would have none)
+ *    and still sees the late rank's arrival. Main's waits sleep there too, after 2 ms of
+ *    yields: this case guards the property, the first one the detector.
  * Properties, not speeds: nothing here compares a time with a speed.
  */
 #include <errno.h>
