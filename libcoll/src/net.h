@@ -127,9 +127,7 @@ uint64_t coll__net_dropped(const coll__net_t *net);
 /* What a wait does after a poll that brought nothing (net_wait.c says why and how). *since is
  * when the stretch of empty polls began (0: it begins now; the caller sets it back to 0 when
  * something arrives). While the stretch is shorter than a sleep and a wake-up cost here
- * (measured at open) this returns 0 at once: poll again; then, while yields come back quickly
- * (the core is shared only with ranks of ours, core_share.h), it yields and returns 0 for up to
- * COLL_CORE_YIELD_FOR_S. After that it blocks in the kernel
+ * (measured at open) this returns 0 at once: poll again. After that it blocks in the kernel
  * until the provider's wait object stirs (a peer's bytes arrived), the watched fd closes (the
  * next poll says COLL_EPEERLOST), one of extra[0..nextra) has its events (revents set), `until`
  * (CLOCK_MONOTONIC seconds, 0: none) or a few tens of ms pass, and returns 1: the caller checks

@@ -1,25 +1,21 @@
 /*
  * net_wait.c - how a wait on another node spends the time between polls (net_wait.h, and
- * coll__net_idle in net.h): a short spin, yields while the core is shared only with ranks of
- * ours, then a block in the kernel on the completion queue's wait object.
+ * coll__net_idle in net.h): a short spin, then a block in the kernel on the completion queue's
+ * wait object.
  *
  * Why block. A rank that polls for ever holds its core. With a busy process per core beside the
  * job, a poller that yields (sched_yield) still competes for the core with the very processes it
- * waits for (a rank of its node, the kernel's network work, the busy neighbours), and under the
- * scheduler a yield to a busy process hands it a whole slice: 8 B allreduce over 2 emulated nodes
- * x 2 ranks took 2.10 ms against gloo's 1.21, gloo blocking in its socket reads (issue 31). A
- * rank asleep in the kernel takes no core, and the scheduler runs it as soon as its bytes arrive.
+ * waits for (a rank of its node, the kernel's network work, the busy neighbours), and under CFS
+ * a yield hands over almost nothing: 8 B allreduce over 2 emulated nodes x 2 ranks took 2.10 ms
+ * against gloo's 1.21, gloo blocking in its socket reads (issue 31). A rank asleep in the kernel
+ * takes no core, and the scheduler runs it as soon as its bytes arrive (a sleeper is owed time).
  *
- * Why not block at once. A block costs a wake-up, and in a VM waking a halted vCPU costs an IPI
- * and a VM exit: tens of microseconds, several times per collective. With 4 ranks on 2 vCPUs and
- * nothing else running, blocking after the short spin made 2 x 2 three times slower than
- * yielding (bench/README.md). So the three steps of a wait's empty stretch are:
- *  1. spin for what one sleep and wake-up cost at best on this machine (measured at open: a
- *     helper thread woken through a pipe, the least of a few round trips, halved);
- *  2. poll and yield, up to COLL_CORE_YIELD_FOR_S, while the yields come back quickly: the
- *     core's other tasks are then ranks of ours, which poll and yield back, and no vCPU halts;
- *  3. block in the kernel: after that, or at once when a yield took long (a task outside the job
- *     holds the core; core_share.c tells the two apart and remembers it for a while).
+ * How long to spin first. Blocking costs a sleep and a wake-up; a wait that would have ended
+ * sooner than that is better spun. So the spin lasts what one sleep and wake-up take on this
+ * machine, measured when the endpoint opens: a helper thread woken through a pipe, which wakes
+ * us back, the least of a few round trips, halved (the least: the cost itself, not the load of
+ * the moment). Spinning that long before blocking is within twice the best choice made knowing
+ * the future (the classic competitive-spinning bound); a wait that blocks pays its wake-up once.
  *
  * How to block. The CQ is opened with FI_WAIT_FD and fi_control(FI_GETWAIT) gives its fd. Then
  * fi_trywait (it says -FI_EAGAIN where completions are already queued: we poll again) and
@@ -55,8 +51,6 @@
 #include <unistd.h>
 
 #include <rdma/fi_domain.h>
-
-#include "core_share.h"
 
 #define WAIT_ROUNDS 8 /* round trips measured at open: the least is the cost */
 
@@ -124,12 +118,8 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
                           struct pollfd *extra, int nextra) {
   double now = wait_now();
-  if (*since == 0) *since = now, w->last = now;
-  coll__core_gap(now - w->last, now); /* off the core since the last poll: it is wanted */
-  w->last = now;
+  if (*since == 0) *since = now;
   if (now - *since < w->spin_s) return 0;
-  /* while the core's other tasks are ranks of ours that yield back, yield too (core_share.c) */
-  if (now - *since < COLL_CORE_YIELD_FOR_S && !coll__core_wanted(now) && !coll__core_yield()) return 0;
   if (w->fd < 0) {
     sched_yield();
     return 1;
@@ -145,7 +135,6 @@ int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, do
   int first_extra = nfds;
   for (int k = 0; k < nextra; k++) fds[nfds++] = extra[k];
   int got = poll(fds, (nfds_t)nfds, ms);
-  w->last = wait_now(); /* the sleep is no sign of a wanted core */
   w->blocks++;
   if (got > 0 && fds[0].revents) w->woken++;
   for (int k = 0; k < nextra; k++) extra[k].revents = got > 0 ? fds[first_extra + k].revents : 0;

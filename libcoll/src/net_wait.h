@@ -18,7 +18,6 @@ typedef struct {
   struct fid_cq *cq;
   int fd;        /* the CQ's wait object; -1: the provider gives none, and a wait yields */
   double spin_s; /* how long a stretch of empty polls lasts before the wait blocks */
-  double last;   /* when this wait last came here: a long gap since says the core is wanted */
   uint64_t blocks, woken; /* blocks so far, and those the CQ's fd ended */
   char how[112]; /* one phrase for coll__net_describe */
 } coll__net_waiter_t;
@@ -34,8 +33,7 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
                            enum fi_wait_obj wait_obj);
 
 /* After an empty poll of a wait whose empty stretch began at *since (0: now): 0 while the
- * stretch is shorter than w->spin_s, and (after a yield that came back quickly) while it is
- * shorter than COLL_CORE_YIELD_FOR_S and the core is not wanted (core_share.h); then blocks in the kernel (fi_trywait, poll(2)) until the
+ * stretch is shorter than w->spin_s; then blocks in the kernel (fi_trywait, poll(2)) until the
  * CQ's fd stirs, watch_fd (>= 0) closes or fails, one of extra[0..nextra) has its events, `until`
  * (CLOCK_MONOTONIC seconds, 0: none) or most_s passed, and returns 1 (2: watch_fd closed).
  * Where fi_trywait says completions are waiting it returns 0 at once; without an fd it yields
