@@ -3,8 +3,10 @@
  * per-rank round flags in the segment's control lines.
  *
  * A wait spins with `pause` for a budget set from how many ranks share the
- * cores (spinning while a peer needs our core only delays it), then yields,
- * then sleeps on the peer's futex word in short slices. Every slice of the
+ * cores (spinning while a peer needs our core only delays it), then yields
+ * while yields come back quickly (a yield to a busy process outside the job
+ * hands it a whole slice: core_share.c), then sleeps on the peer's futex word
+ * in short slices. Every slice of the
  * slow path checks the abort flag, whether any peer died (pidfd) or left,
  * the deadline (HBMCOLL_TIMEOUT; none by default), and (for calls from
  * Python's thread) Ctrl-C. A live peer that keeps us waiting gets a stall
@@ -31,6 +33,7 @@
 #include <unistd.h>
 
 #include "coll_internal.h"
+#include "core_share.h"
 
 #define SYNC_SLICE_MS 10     /* futex sleep slice */
 #define SYNC_CHECK_S 0.02    /* peer/interrupt/deadline checks in the slow path */
@@ -246,9 +249,9 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
     int rc;
     if (sync_abort_applies(c)) return sync_failed(c, flag, target);
     double now = sync_now();
-    if (yields < c->yield_budget && now - start < SYNC_YIELD_S) {
+    if (yields < c->yield_budget && now - start < SYNC_YIELD_S && !coll__core_wanted(now)) {
       yields++;
-      sched_yield();
+      coll__core_yield(); /* a long one (a busy task holds the core): the futex from now on */
     } else {
       uint32_t w = atomic_load_explicit(&pc->wake, memory_order_seq_cst);
       atomic_fetch_add_explicit(&pc->sleepers, 1, memory_order_seq_cst);

@@ -10,7 +10,8 @@ memserver/control.py): raw sockets against a real server (python -m hbmcoll.mems
   other client (reads with a short timeout are served while the bad connection stays open), and
   a handshake that does not end within its deadline is dropped;
 - a stranger posing as the server (it cannot prove the token on the client's nonce) is refused
-  by the client, which never sends it its card (a key to its pool).
+  by the client, which never sends it its card (a key to its pool);
+- a note naming another client is dropped and counted, and a client's timeout says so.
 """
 import os
 import select
@@ -298,3 +299,21 @@ def test_a_stranger_posing_as_the_server_never_gets_a_card():
     listener.close()
     assert len(heard) == 2 and "proof" in heard[0] and "card" not in heard[0], heard
     assert heard[1] is None or isinstance(heard[1], OSError), heard  # no card after the failed proof
+
+
+def test_a_note_naming_another_client_is_dropped_counted_and_named_by_the_timeout(servers):
+    """A request whose note names another client (here one that does not exist): the server drops
+    the note, as only a note's sender may name itself, and counts it; the sender's wait for the
+    answer ends at its timeout with that count in the message (how a lost note shows itself), and
+    its next request, numbered as if the dropped one never was, is served."""
+    rb = hbmcoll.RemoteBuffer("named", (8,), "float32", servers=servers(1), token=TOKEN, timeout=2)
+    rb.write(np.arange(8, dtype=np.float32))
+    conn, bid = rb._parts[0][:2]
+    with conn.lock:
+        number, at = (conn.number + 1) & ms.NUMBER, conn.half * ms.HALF
+        ms.HEAD.pack_into(conn.pool, at, ms.MAGIC, ms.READ | ms.FIRST | ms.LAST, bid, 0, 32, 0.0, number, 0, 0)
+        conn.ep.write(conn.peer, at, conn.slot + at, ms.HEAD_BYTES, (conn.index + 1) | (conn.half << 16), 5)
+        with pytest.raises(hbmcoll.TimeoutError, match=r"did not answer in 2 s \(request \d+ on this connection; the "
+                           r"server dropped 0 note\(s\) from no peer of its endpoint and 1 naming another client\)"):
+            conn._reply(number, conn.half, 32, None)
+    assert np.array_equal(rb.read(), np.arange(8, dtype=np.float32))

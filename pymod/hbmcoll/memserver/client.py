@@ -222,7 +222,7 @@ class _Connection:
             if note is not None:
                 self.replies[note & ms.NUMBER] = note >> 28
             elif time.monotonic() > until:
-                raise TimeoutError(f"the memory server at {self.addr} did not answer in {wait} s")
+                raise TimeoutError(f"the memory server at {self.addr} did not answer in {wait} s{self._lost()}")
         at = ms.SLOT_BYTES + half * ms.HALF
         status = self.replies.pop(number)
         if status != ms.OK:
@@ -230,6 +230,16 @@ class _Connection:
         if dst is not None:
             dst[:] = self.pool[at + ms.REPLY.size:at + ms.REPLY.size + length]
         return ms.REPLY.unpack_from(self.pool, at), ms.OK
+
+    def _lost(self):
+        """For a timeout's message: the notes the server dropped before its data path (from no
+        peer of its endpoint, or naming another client), which a lost request would be among."""
+        try:
+            got = self.control({"op": "stats"}, timeout=2)
+            return (f" (request {self.number} on this connection; the server dropped {got['no_peer']} note(s) from "
+                    f"no peer of its endpoint and {got['forged']} naming another client)")
+        except Exception:  # the server is gone or stuck: the timeout says enough
+            return ""
 
     def close(self):
         try:

@@ -170,6 +170,7 @@ REQUESTS = {  # op -> (field, check, required); fields not listed are ignored
     "lock": (("id", _buffer_id, REQUIRED), ("lease", _lease, OPTIONAL)),
     "unlock": (("id", _buffer_id, REQUIRED), ("token", _fence_token, OPTIONAL)),
     "cancel": (("id", _buffer_id, REQUIRED),),
+    "stats": (),  # the notes the data path dropped (server.py)
 }
 
 
