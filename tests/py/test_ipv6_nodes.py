@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import netnodes
-from hbmcoll import netaddr
+from hbmcoll.nodes import netaddr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYMOD = os.path.join(HERE, "..", "..", "pymod")

@@ -14,7 +14,8 @@ import sys
 import threading
 
 from .. import _core
-from .. import log, netaddr, timeline
+from .. import log, timeline
+from ..nodes import netaddr
 from ..comm import meet
 from ..errors import ArgumentError
 from ..tools import tune_cache

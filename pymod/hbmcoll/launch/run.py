@@ -47,7 +47,7 @@ import time
 
 def _sibling(name):
     """A standard-library module of this package, loaded by path: this file runs by path too
-    (name relative to this folder: "env", "../netaddr")."""
+    (name relative to this folder: "env", "../nodes/netaddr")."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         f"_hbmcoll_{os.path.basename(name)}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
@@ -57,7 +57,7 @@ def _sibling(name):
 
 
 launch_env = _sibling("env")
-netaddr = _sibling("../netaddr")
+netaddr = _sibling("../nodes/netaddr")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 VALUE_OPTS = {"-n", "--np", "--nproc-per-node", "--bind", "--memory", "--timeout", "--nnodes", "--node-rank", "--master",
               "--memservers", "--memserver-capacity"}

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from .. import netaddr
+from ..nodes import netaddr
 from ..comm import _is_numpy
 from ..errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
 from ..in_order import InOrder

@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from .. import netaddr
+from ..nodes import netaddr
 from .protocol import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
 from .control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
 

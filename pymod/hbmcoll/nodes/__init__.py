@@ -6,5 +6,7 @@
   that tell a node when another is lost (Watch);
 - communicator.py: NodesCommunicator, over the node's communicator and the C layer that runs
   every collective across the nodes (libcoll/src/hier.h, _core.Hier);
-- split.py: its sub-communicators.
+- split.py: its sub-communicators;
+- netaddr.py: addresses of either family (A, A:P, [v6]:P), for the nodes, the launcher and the
+  memory servers.
 """

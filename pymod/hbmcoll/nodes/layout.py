@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _core, netaddr
+from .. import _core
+from . import netaddr
 
 from . import rendezvous as nodes
 from ..launch import env as launch_env

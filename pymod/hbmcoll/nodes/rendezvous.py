@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from .. import netaddr
+from . import netaddr
 from ..errors import BootstrapError
 
 MAGIC = b"HBMN1\0"
