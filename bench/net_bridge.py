@@ -79,13 +79,16 @@ OMPI_PYTHON = os.path.join(ROOT, "build", "ompi-venv", "bin", "python")
 def run_openmpi(nodes, per_node, sizes, seconds):
     """mpi4py over Open MPI: the ob1 pml, vader between the ranks of a node (Open MPI tells nodes
     apart by its daemons, one per host), tcp between the nodes on hbnet0 only (btl_tcp_if_include,
-    oob_tcp_if_include: the FAQ's way to keep tcp to one interface)."""
+    oob_tcp_if_include: the FAQ's way to keep tcp to one interface). --bind-to none: each emulated
+    node's daemon binds its ranks from core 0 up, so the nodes' ranks would share cores that the
+    real nodes would not (MPICH's hydra binds nothing by default)."""
     with tempfile.TemporaryDirectory() as tmp:
         ssh = nodes.ssh_stand_in(os.path.join(tmp, "ssh"))
         hosts = ",".join(f"{a}:{per_node}" for a in nodes.addrs)
         mca = {"plm_rsh_agent": ssh, "pml": "ob1", "btl": "vader,tcp,self", "btl_tcp_if_include": "hbnet0",
                "oob_tcp_if_include": "hbnet0"}
-        argv = ["mpiexec.openmpi", "--allow-run-as-root", "--host", hosts, "-np", str(NODES * per_node)]
+        argv = ["mpiexec.openmpi", "--allow-run-as-root", "--bind-to", "none", "--host", hosts, "-np",
+                str(NODES * per_node)]
         for k, v in mca.items():
             argv += ["--mca", k, v]
         p = nodes.popen(0, argv + [OMPI_PYTHON, WORKER, "openmpi", ",".join(map(str, sizes)), str(seconds)],
