@@ -264,15 +264,16 @@ void coll__p2p_probe(coll_comm_t *c);
 void coll__p2p_wake_all(coll_comm_t *c);
 /* At coll_comm_free: requests still pending fail with COLL_EABORTED. */
 void coll__p2p_destroy(coll_comm_t *c);
-struct coll__p2p_op;
-/* request.c: a request around a point-to-point operation (owned by the request). */
-int coll__req_wrap_p2p(struct coll__p2p_op *op, coll_req_t **req_p);
-/* p2p.c: the request operations for point-to-point requests. */
-int coll__p2p_req_wait(struct coll__p2p_op *op, double timeout_s);
-int coll__p2p_req_test(struct coll__p2p_op *op, int *result_p);
-void coll__p2p_req_free(struct coll__p2p_op *op);
-int coll__p2p_req_status(struct coll__p2p_op *op, coll_status_t *status_p);
-int coll__p2p_req_cancel(struct coll__p2p_op *op);
+/* request.c: a request around a point-to-point operation (owned by the request), and what its
+ * wait, test, free, status and cancel call (p2p.c on a node, nodes_p2p.c across nodes). */
+typedef struct {
+  int (*wait)(void *op, double timeout_s);
+  int (*test)(void *op, int *result_p);
+  void (*free)(void *op);
+  int (*status)(void *op, coll_status_t *status_p);
+  int (*cancel)(void *op);
+} coll__req_ops_t;
+int coll__req_wrap_p2p(void *op, const coll__req_ops_t *ops, coll_req_t **req_p);
 /* ---- nodes_comm.c ---- */
 /* The communicator whose arena and settings a call uses: c, or the node's under a spanning c. */
 coll_comm_t *coll__comm_here(const coll_comm_t *c);

@@ -100,6 +100,17 @@ static inline double coll__net_now(void) {
  * peer's process, node or link went away), else -errno. */
 int coll__net_fail(char *err, size_t errlen, int rc, const char *what);
 int coll__net_broken(int e);
+/* Load libfabric (once): 0, or COLL_ENOTSUP with a sentence. */
+int coll__net_load(char *err, size_t errlen);
+/* The entry of list to use: on iface if one is named (libfabric's tcp provider answers with its
+ * other interfaces when the name matches none, so the name is checked here), of the job's address
+ * family (AF_UNSPEC: IPv4 before IPv6), never a link-local v6 address while another will do (it
+ * needs a scope that a card does not carry); NULL if none. *fit_p (if not NULL): how well it fits. */
+enum { NET_FIT_NONE, NET_FIT_LINK_LOCAL, NET_FIT_OTHER_FAMILY, NET_FIT_FAMILY };
+struct fi_info *coll__net_pick(struct fi_info *list, const char *iface, int family, int *fit_p);
+/* open_fn(arg) with the process's signal dispositions kept: libfabric's providers install
+ * handlers for SIGINT, SIGTERM, SIGSEGV ... when they load. */
+int coll__net_keeping_signals(int (*open_fn)(void *), void *arg);
 /* Post `count` receives of no bytes (the notes sent as messages land in them). */
 int coll__net_post_receives(coll__net_t *n, int count);
 

@@ -26,7 +26,7 @@
 
 coll__net_fi_t coll__net_fi;
 
-static int net_load(char *err, size_t errlen) {
+int coll__net_load(char *err, size_t errlen) {
   if (!coll__net_fi.tried) {
     coll__net_fi.tried = 1;
     void *lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -66,13 +66,7 @@ int coll__net_fail(char *err, size_t errlen, int rc, const char *what) {
   return -e;
 }
 
-/* The entry to use: on iface if one is named (libfabric's tcp provider answers with its
- * other interfaces when the name matches none, so the name is checked here), of the job's
- * address family (AF_UNSPEC: IPv4 before IPv6), never a link-local v6 address while another
- * will do (it needs a scope that a card does not carry); NULL if none. *fit_p: how well it
- * fits (NET_FIT_*). */
-enum { NET_FIT_NONE, NET_FIT_LINK_LOCAL, NET_FIT_OTHER_FAMILY, NET_FIT_FAMILY };
-
+/* coll__net_pick (net_ofi.h says what it picks) */
 static int net_on(const struct fi_info *i, const char *iface) {
   return iface == NULL || (i->domain_attr->name && strcmp(i->domain_attr->name, iface) == 0);
 }
@@ -88,7 +82,7 @@ static int net_fit(const struct fi_info *i, const char *iface, int family) {
   return NET_FIT_FAMILY; /* no IP address (shm's names): any family */
 }
 
-static struct fi_info *net_pick(struct fi_info *list, const char *iface, int family, int *fit_p) {
+struct fi_info *coll__net_pick(struct fi_info *list, const char *iface, int family, int *fit_p) {
   struct fi_info *best = NULL;
   int fit = NET_FIT_NONE;
   for (struct fi_info *i = list; i; i = i->next) {
@@ -185,19 +179,39 @@ int coll__net_open(const char *iface, size_t pool_bytes, coll__net_t **net_p, ch
   return coll__net_open_on(iface, AF_UNSPEC, NULL, pool_bytes, net_p, err, errlen);
 }
 
-int coll__net_open_on(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
-                      char *err, size_t errlen) {
-  if (pool && pool_bytes < 65536) return COLL_EBADARG;
+int coll__net_keeping_signals(int (*open_fn)(void *), void *arg) {
   struct sigaction kept[NET_KEPT];
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], NULL, &kept[i]);
-  int rc = net_open(iface, family, pool, pool_bytes, net_p, err, errlen);
+  int rc = open_fn(arg);
   for (size_t i = 0; i < NET_KEPT; i++) sigaction(net_kept_signals[i], &kept[i], NULL);
   return rc;
 }
 
+typedef struct {
+  const char *iface;
+  int family;
+  void *pool;
+  size_t pool_bytes;
+  coll__net_t **net_p;
+  char *err;
+  size_t errlen;
+} net_open_args_t;
+
+static int net_open_kept(void *arg) {
+  net_open_args_t *a = arg;
+  return net_open(a->iface, a->family, a->pool, a->pool_bytes, a->net_p, a->err, a->errlen);
+}
+
+int coll__net_open_on(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
+                      char *err, size_t errlen) {
+  if (pool && pool_bytes < 65536) return COLL_EBADARG;
+  net_open_args_t a = {iface, family, pool, pool_bytes, net_p, err, errlen};
+  return coll__net_keeping_signals(net_open_kept, &a);
+}
+
 static int net_open(const char *iface, int family, void *pool, size_t pool_bytes, coll__net_t **net_p,
                     char *err, size_t errlen) {
-  int rc = net_load(err, errlen);
+  int rc = coll__net_load(err, errlen);
   if (rc) return rc;
   struct fi_info *hints = coll__net_fi.dupinfo(NULL), *list = NULL;
   coll__net_t *n = calloc(1, sizeof *n);
@@ -217,7 +231,7 @@ static int net_open(const char *iface, int family, void *pool, size_t pool_bytes
     hints->caps = FI_MSG | FI_RMA | (v == 0 ? FI_SOURCE : 0);
     if (list) coll__net_fi.freeinfo(list), list = NULL;
     rc = coll__net_fi.getinfo(NET_VERSION, NULL, NULL, 0, hints, &list);
-    if (rc == 0 && net_pick(list, iface, family, NULL) == NULL) rc = -FI_ENODATA;
+    if (rc == 0 && coll__net_pick(list, iface, family, NULL) == NULL) rc = -FI_ENODATA;
     if (rc == -FI_ENODATA && v == 0) rc = 0;
     else break;
   }
@@ -230,7 +244,7 @@ static int net_open(const char *iface, int family, void *pool, size_t pool_bytes
     rc = rc == -FI_ENODATA ? COLL_ENOTSUP : rc;
   }
   int fit = NET_FIT_NONE;
-  struct fi_info *picked = rc == 0 ? net_pick(list, iface, family, &fit) : NULL;
+  struct fi_info *picked = rc == 0 ? coll__net_pick(list, iface, family, &fit) : NULL;
   if (rc == 0 && family == AF_INET6 && fit < NET_FIT_FAMILY) {
     snprintf(err, errlen, "the job's addresses are IPv6, and no libfabric provider%s%s offers RDM endpoints "
              "with RMA over IPv6%s%s (only over IPv4 or a link-local address); use an IPv4 master address, "

@@ -105,6 +105,12 @@ double coll__span_timeout(const coll_comm_t *c);
 int coll__span_node_index(const coll_comm_t *c);
 /* Ends c on every rank of every node with this sentence (the layer's failure, hier.c). */
 void coll__span_fail(coll_comm_t *c, int code, const char *text);
+/* What the point-to-point calls take from it (nodes_p2p.c). */
+typedef struct coll__span_p2p coll__span_p2p_t;
+coll__span_p2p_t *coll__span_p2p(const coll_comm_t *c);
+int coll__span_watch(const coll_comm_t *c);                /* the fd that closes on a failure, -1 none */
+int coll__span_local_of(const coll_comm_t *c, int rank); /* its rank on this node, -1 on another */
+void coll__span_note(coll_comm_t *c, const char *text);  /* the sentence coll_comm_error says next */
 int coll__span_run(coll_comm_t *c, const coll_args_t *a);
 int coll__span_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p);
 int coll__span_settle(coll_comm_t *c);
@@ -114,6 +120,16 @@ void coll__span_abort(coll_comm_t *c, int reason);
 int coll__span_error(const coll_comm_t *c, const char **text_p);
 const char *coll__span_algorithm(const coll_comm_t *c);
 void coll__span_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg);
+
+/* ---- nodes_p2p.c: point-to-point across nodes (coll.h's calls on a spanning communicator) ---- */
+/* Collective over c, once made: every rank's endpoint and card. 0 and *p_p (which may hold only
+ * why point-to-point is unavailable), or the allgather's failure with a sentence. */
+int coll__span_p2p_open(coll_comm_t *c, coll__span_p2p_t **p_p, char *err, size_t errlen);
+void coll__span_p2p_close(coll__span_p2p_t *p); /* NULL is fine; pending requests end */
+int coll__span_send(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag);
+int coll__span_recv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll_status_t *status_p);
+int coll__span_isend(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag, coll_req_t **req_p);
+int coll__span_irecv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll_req_t **req_p);
 
 /* ---- nodes_join.c: who is where, the rings ---- */
 typedef struct {

@@ -30,6 +30,7 @@ struct coll__span {
   coll__net_ring_t *ring;
   coll__nodes_watch_t *watch;
   coll__hier_t *hier;
+  coll__span_p2p_t *p2p; /* point-to-point (nodes_p2p.c) */
   int watch_dup;     /* a split's duplicate of its parent's watched fd (closed here), -1 none */
   char iface[64];    /* what a split opens its endpoints on ("" the provider's first) */
   int family;
@@ -49,12 +50,20 @@ size_t coll__span_pool_bytes(const coll_comm_t *c) { return c->span->pool_bytes;
 double coll__span_timeout(const coll_comm_t *c) { return c->span->timeout_s; }
 int coll__span_node_index(const coll_comm_t *c) { return c->span->hier->cfg.node; }
 void coll__span_fail(coll_comm_t *c, int code, const char *text) { coll__hier_fail(c->span->hier, code, text); }
+coll__span_p2p_t *coll__span_p2p(const coll_comm_t *c) { return c->span->p2p; }
+int coll__span_watch(const coll_comm_t *c) { return span_watch_fd(c->span); }
+void coll__span_note(coll_comm_t *c, const char *text) { snprintf(c->span->text, sizeof c->span->text, "%s", text); }
+int coll__span_local_of(const coll_comm_t *c, int rank) {
+  const coll__hier_t *h = c->span->hier;
+  return h->node_of[rank] == h->cfg.node ? h->local_of[rank] : -1;
+}
 
 coll_comm_t *coll__comm_here(const coll_comm_t *c) {
   return c && c->span ? c->span->node : (coll_comm_t *)c;
 }
 
 static void span_parts_free(coll__span_t *s, int graceful) {
+  coll__span_p2p_close(s->p2p);
   coll__hier_free(s->hier); /* its request engine first: queued requests end with COLL_EABORTED */
   if (graceful) coll__nodes_watch_close(s->watch, 60); /* the other nodes' writes to us completed */
   else coll__nodes_watch_abort(s->watch);
@@ -112,6 +121,11 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   c->span = s;
   if (s->net) coll__net_set_interrupt(s->net, cfg->local->interrupt_fn, cfg->local->interrupt_arg);
   if (s->net && span_watch_fd(s) >= 0) coll__net_watch(s->net, span_watch_fd(s), "the job's other nodes");
+  if ((rc = coll__span_p2p_open(c, &s->p2p, err, errlen)) != 0) { /* collective: the cards */
+    span_parts_free(s, 0);
+    free(c);
+    return rc;
+  }
   *comm_p = c;
   return 0;
 }

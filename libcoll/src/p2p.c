@@ -43,6 +43,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 
+#include "nodes.h"
 #include "p2p.h"
 
 #define P2P_SLICE_MS 10
@@ -132,7 +133,6 @@ static coll__p2p_t *p2p_get(coll_comm_t *c) {
 static int p2p_check(coll_comm_t *c, const void *buf, size_t bytes, int peer, int tag, int any) {
   if (c == NULL || (buf == NULL && bytes > 0)) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
-  if (c->span) return COLL_ENOTSUP; /* across nodes: not yet (coll.h) */
   if (peer < (any ? COLL_ANY_SOURCE : 0) || peer >= c->size) return COLL_EBADARG;
   if (tag < (any ? COLL_ANY_TAG : 0)) return COLL_EBADARG;
   return c->error;
@@ -331,6 +331,7 @@ static int p2p_block(coll_comm_t *c, coll__p2p_op_t *op) {
 }
 
 int coll_send(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag) {
+  if (c && c->span) return coll__span_send(c, buf, bytes, dest, tag);
   int rc = p2p_check(c, buf, bytes, dest, tag, 0);
   if (rc) return rc;
   coll__p2p_op_t op = {.send = 1, .peer = dest, .tag = tag, .buf = (uint8_t *)(uintptr_t)buf, .bytes = bytes};
@@ -338,6 +339,7 @@ int coll_send(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag) 
 }
 
 int coll_recv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll_status_t *status_p) {
+  if (c && c->span) return coll__span_recv(c, buf, bytes, source, tag, status_p);
   int rc = p2p_check(c, buf, bytes, source, tag, 1);
   if (rc) return rc;
   coll__p2p_op_t op = {.peer = source, .tag = tag, .buf = buf, .bytes = bytes};
@@ -346,12 +348,19 @@ int coll_recv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll
   return rc;
 }
 
+static int p2p_req_wait(void *opv, double timeout_s);
+static int p2p_req_test(void *opv, int *result_p);
+static void p2p_req_free(void *opv);
+static int p2p_req_status(void *opv, coll_status_t *status_p);
+static int p2p_req_cancel(void *opv);
+static const coll__req_ops_t p2p_req_ops = {p2p_req_wait, p2p_req_test, p2p_req_free, p2p_req_status, p2p_req_cancel};
+
 static int p2p_start(coll_comm_t *c, coll__p2p_op_t *tmpl, coll_req_t **req_p) {
   if (req_p == NULL) return COLL_EBADARG;
   coll__p2p_t *p = p2p_get(c);
   coll__p2p_op_t *op = malloc(sizeof *op);
   coll_req_t *req = NULL;
-  if (p == NULL || op == NULL || coll__req_wrap_p2p(op, &req) != 0) {
+  if (p == NULL || op == NULL || coll__req_wrap_p2p(op, &p2p_req_ops, &req) != 0) {
     free(op);
     return -ENOMEM;
   }
@@ -376,6 +385,7 @@ static int p2p_start(coll_comm_t *c, coll__p2p_op_t *tmpl, coll_req_t **req_p) {
 }
 
 int coll_isend(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag, coll_req_t **req_p) {
+  if (c && c->span) return coll__span_isend(c, buf, bytes, dest, tag, req_p);
   int rc = p2p_check(c, buf, bytes, dest, tag, 0);
   if (rc) return rc;
   coll__p2p_op_t op = {.send = 1, .peer = dest, .tag = tag, .buf = (uint8_t *)(uintptr_t)buf, .bytes = bytes};
@@ -383,6 +393,7 @@ int coll_isend(coll_comm_t *c, const void *buf, size_t bytes, int dest, int tag,
 }
 
 int coll_irecv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll_req_t **req_p) {
+  if (c && c->span) return coll__span_irecv(c, buf, bytes, source, tag, req_p);
   int rc = p2p_check(c, buf, bytes, source, tag, 1);
   if (rc) return rc;
   coll__p2p_op_t op = {.peer = source, .tag = tag, .buf = buf, .bytes = bytes};
@@ -397,7 +408,8 @@ static int p2p_req_failed(coll__p2p_t *p, coll__p2p_op_t *op, int rc) {
   return rc;
 }
 
-int coll__p2p_req_wait(coll__p2p_op_t *op, double timeout_s) {
+static int p2p_req_wait(void *opv, double timeout_s) {
+  coll__p2p_op_t *op = opv;
   coll__p2p_t *p = op->p;
   pthread_mutex_lock(&p->lock);
   int rc = 0;
@@ -407,7 +419,8 @@ int coll__p2p_req_wait(coll__p2p_op_t *op, double timeout_s) {
   return rc;
 }
 
-int coll__p2p_req_test(coll__p2p_op_t *op, int *result_p) {
+static int p2p_req_test(void *opv, int *result_p) {
+  coll__p2p_op_t *op = opv;
   coll__p2p_t *p = op->p;
   pthread_mutex_lock(&p->lock);
   if (!p2p_done(op) && p->c) {
@@ -421,7 +434,8 @@ int coll__p2p_req_test(coll__p2p_op_t *op, int *result_p) {
   return done;
 }
 
-int coll__p2p_req_status(coll__p2p_op_t *op, coll_status_t *status_p) {
+static int p2p_req_status(void *opv, coll_status_t *status_p) {
+  coll__p2p_op_t *op = opv;
   coll__p2p_t *p = op->p;
   pthread_mutex_lock(&p->lock);
   int ok = p2p_done(op) && !op->send;
@@ -430,7 +444,8 @@ int coll__p2p_req_status(coll__p2p_op_t *op, coll_status_t *status_p) {
   return ok ? 0 : COLL_EBADARG;
 }
 
-int coll__p2p_req_cancel(coll__p2p_op_t *op) {
+static int p2p_req_cancel(void *opv) {
+  coll__p2p_op_t *op = opv;
   coll__p2p_t *p = op->p;
   pthread_mutex_lock(&p->lock);
   int rc = -EBUSY;
@@ -448,9 +463,10 @@ int coll__p2p_req_cancel(coll__p2p_op_t *op) {
 /* Nobody will see this request's result, and its buffer is about to go: wait as a blocking
  * call does, the interrupt check included (Ctrl-C withdraws it, or fails the communicator for a
  * send half way through the cells, as p2p_give_up says). */
-void coll__p2p_req_free(coll__p2p_op_t *op) {
+static void p2p_req_free(void *opv) {
+  coll__p2p_op_t *op = opv;
   coll__p2p_t *p = op->p;
-  coll__p2p_req_cancel(op); /* a receive nothing matched yet */
+  p2p_req_cancel(op); /* a receive nothing matched yet */
   pthread_mutex_lock(&p->lock);
   while (!p2p_done(op)) {
     int rc = p->c ? p2p_wait(p, op, p2p_until(p->c, -1), 1) : COLL_EABORTED;

@@ -11,7 +11,8 @@
  * waiting on, testing or freeing a request after coll_comm_free is fine.
  *
  * A point-to-point request (coll_isend, coll_irecv) is the same handle around an operation of
- * p2p.c, which has no worker: its wait, test, free, status and cancel go there.
+ * p2p.c (on a node) or nodes_p2p.c (across nodes), which have no worker: its wait, test, free,
+ * status and cancel go to the operations table it came with.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -22,7 +23,8 @@
 #include "round.h"
 
 struct coll_req {
-  struct coll__p2p_op *p2p; /* a point-to-point request (p2p.c), else NULL */
+  void *p2p;                    /* a point-to-point operation, else NULL ... */
+  const coll__req_ops_t *p2p_ops; /* ... and what waits for it, tests, frees it */
   coll__worker_t *worker;
   coll_args_t args;
   int finished;
@@ -154,28 +156,29 @@ int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   return coll__worker_queue(c->worker, a, req_p);
 }
 
-int coll__req_wrap_p2p(struct coll__p2p_op *op, coll_req_t **req_p) {
+int coll__req_wrap_p2p(void *op, const coll__req_ops_t *ops, coll_req_t **req_p) {
   coll_req_t *r = calloc(1, sizeof *r);
   if (r == NULL) return -ENOMEM;
   r->p2p = op;
+  r->p2p_ops = ops;
   *req_p = r;
   return 0;
 }
 
 int coll_req_status(coll_req_t *r, coll_status_t *status_p) {
   if (r == NULL || status_p == NULL || r->p2p == NULL) return COLL_EBADARG;
-  return coll__p2p_req_status(r->p2p, status_p);
+  return r->p2p_ops->status(r->p2p, status_p);
 }
 
 int coll_req_cancel(coll_req_t *r) {
   if (r == NULL) return COLL_EBADARG;
   if (r->p2p == NULL) return coll_req_test(r, NULL) ? -EALREADY : -EBUSY;
-  return coll__p2p_req_cancel(r->p2p);
+  return r->p2p_ops->cancel(r->p2p);
 }
 
 int coll_req_wait(coll_req_t *r, double timeout_s) {
   if (r == NULL) return COLL_EBADARG;
-  if (r->p2p) return coll__p2p_req_wait(r->p2p, timeout_s);
+  if (r->p2p) return r->p2p_ops->wait(r->p2p, timeout_s);
   coll__worker_t *w = r->worker;
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
@@ -197,7 +200,7 @@ int coll_req_wait(coll_req_t *r, double timeout_s) {
 
 int coll_req_test(coll_req_t *r, int *result_p) {
   if (r == NULL) return COLL_EBADARG;
-  if (r->p2p) return coll__p2p_req_test(r->p2p, result_p);
+  if (r->p2p) return r->p2p_ops->test(r->p2p, result_p);
   coll__worker_t *w = r->worker;
   pthread_mutex_lock(&w->lock);
   int fin = r->finished;
@@ -209,7 +212,7 @@ int coll_req_test(coll_req_t *r, int *result_p) {
 void coll_req_free(coll_req_t *r) {
   if (r == NULL) return;
   if (r->p2p) {
-    coll__p2p_req_free(r->p2p);
+    r->p2p_ops->free(r->p2p);
     free(r);
     return;
   }

@@ -34,16 +34,15 @@
 #include "coll.h"
 
 #define HARNESS_KEY_PREFIX "hbnc"
-#define HARNESS_NAME_WIDTH 48
-#include "harness.h"
-#include "netns.h"
-
 #define NODES 2
 #define PER 2
 #define SIZE (NODES * PER)
+#define HARNESS_NAME_WIDTH 48
+#include "harness.h"
+#include "netns.h"
+#include "nodes_job.h"
 
-typedef int (*job_fn)(coll_comm_t *comm, int rank);
-static int test_pid; /* the job's secret is made of it: the same on both nodes */
+
 
 static double val(int r, size_t i) { return (double)((r * 7 + (int)(i % 1000) * 3) % 11) - 5.0; }
 
@@ -280,99 +279,6 @@ static int job_split_killed(coll_comm_t *c, int rank) {
 }
 
 static int job_missing(coll_comm_t *c, int rank) { (void)c, (void)rank; return 1; /* never joins */ }
-
-typedef struct {
-  const char *name;
-  job_fn fn;
-  int victim;        /* the rank that kills itself, -1 none */
-  int only_node0;    /* node 1 never starts: the rendezvous fails */
-} scenario_t;
-
-/* A rank: the variables of hbmcoll-run, then coll_job_create and the scenario. */
-static int run_rank(const scenario_t *s, int node, int local, int port, char *errbuf, size_t errlen) {
-  char v[64];
-  int rank = node * PER + local;
-  snprintf(v, sizeof v, "%d", rank), setenv("HBMCOLL_RANK", v, 1);
-  snprintf(v, sizeof v, "%d", SIZE), setenv("HBMCOLL_SIZE", v, 1);
-  snprintf(v, sizeof v, "%d", local), setenv("HBMCOLL_LOCAL_RANK", v, 1);
-  snprintf(v, sizeof v, "%d", PER), setenv("HBMCOLL_LOCAL_SIZE", v, 1);
-  snprintf(v, sizeof v, "%d", port), setenv("HBMCOLL_PORT", v, 1);
-  snprintf(v, sizeof v, "node%d", node), setenv("HBMCOLL_NODE", v, 1);
-  snprintf(v, sizeof v, "hbnc%d.%d", test_pid, port), setenv("HBMCOLL_JOB_KEY", v, 1);
-  setenv("HBMCOLL_MASTER", "10.77.0.1", 1);
-  setenv("HBMCOLL_IFACE", "hbnet0", 1);
-  setenv("FI_PROVIDER", "tcp", 1);
-  setenv("HBMCOLL_TIMEOUT", s->only_node0 ? "12" : "60", 1);
-  coll_comm_t *c = NULL;
-  int rc = coll_job_create(NULL, &c);
-  if (rc) {
-    const char *text = "";
-    coll_comm_error(c, &text);
-    snprintf(errbuf, errlen, "%s", text);
-    fprintf(stderr, "rank %d: coll_job_create: %s: %s\n", rank, coll_err_name(rc), text);
-    coll_comm_free(c);
-    return s->only_node0 ? 0 : 1;
-  }
-  rc = s->fn(c, rank);
-  coll_comm_free(c);
-  return rc;
-}
-
-/* A node: enter its network, fork its ranks, exit 0 when each did as the scenario says. */
-static int run_node(const scenario_t *s, const netns_t *ns, int node, int port) {
-  if (netns_enter(ns, node) != 0) return 10;
-  int fds[PER][2];
-  pid_t pids[PER];
-  for (int l = 0; l < PER; l++) {
-    if (pipe(fds[l]) != 0) return 11;
-    if ((pids[l] = fork()) == 0) {
-      char text[1024] = "";
-      close(fds[l][0]);
-      int rc = run_rank(s, node, l, port, text, sizeof text);
-      (void)!write(fds[l][1], text, strlen(text));
-      _exit(rc);
-    }
-    close(fds[l][1]);
-  }
-  int bad = 0;
-  for (int l = 0; l < PER; l++) {
-    char text[1024] = "";
-    ssize_t got = read(fds[l][0], text, sizeof text - 1);
-    text[got > 0 ? got : 0] = '\0';
-    close(fds[l][0]);
-    int st = 0;
-    waitpid(pids[l], &st, 0);
-    int rank = node * PER + l, killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-    if (rank == s->victim ? !killed : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) bad = 1;
-    if (s->only_node0 && !(strstr(text, "10.77.0.1") && strstr(text, "missing: the nodes of ranks 2-3"))) {
-      fprintf(stderr, "rank %d: the error does not name the rendezvous and the missing ranks: %s\n", rank, text);
-      bad = 1;
-    }
-  }
-  return bad;
-}
-
-static void scenario(const scenario_t *s, const netns_t *ns, int port, double timeout_s) {
-  double t0 = now_s();
-  pid_t pids[NODES];
-  int nodes = s->only_node0 ? 1 : NODES;
-  fflush(stdout);
-  for (int i = 0; i < nodes; i++)
-    if ((pids[i] = fork()) == 0) _exit(run_node(s, ns, i, port));
-  int ok = 1;
-  for (int i = 0; i < nodes; i++) {
-    int st = 0;
-    while (waitpid(pids[i], &st, WNOHANG) == 0) {
-      if (now_s() - t0 > timeout_s) {
-        for (int j = 0; j < nodes; j++) kill(pids[j], SIGKILL);
-        fprintf(stderr, "%s: hung, killed\n", s->name);
-      }
-      usleep(20000);
-    }
-    ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
-  }
-  record(ok, s->name, SIZE, now_s() - t0, ok ? NULL : "see the ranks' lines above");
-}
 
 int main(void) {
   netns_t ns;
