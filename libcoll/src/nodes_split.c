@@ -9,7 +9,13 @@
  * 3. A group on one node is that node communicator and nothing more. A group across nodes has one
  *    ring per local rank every one of its nodes has (the fewest); their carriers open endpoints,
  *    and every rank's card (or why it has none) is allgathered over the parent: no rendezvous,
- *    port or secret, since the parent's channels are the job's already.
+ *    port or secret, since the parent's channels are the job's already. Whether any group spans
+ *    more than one node, every rank reads from the same triples of step 1: if one does, every rank
+ *    takes part (those in a group on one node, or in none, with no card), so the collective
+ *    matches; if none does, no rank does, and the split costs the parent one allgather, not two.
+ *    A rank that fails before step 3 ends the parent (step 4): where the cards are allgathered,
+ *    every other rank's split fails there too; where they are not, another rank's split (on
+ *    another node) may succeed, and its parent's next call fails.
  * 4. The new communicator watches the parent's connection (a duplicate of its fd): a failure of
  *    either ends both, as any failed call ends the job's communicator. So does a failure here, on
  *    every rank, with the sentence of the rank that failed.
@@ -71,6 +77,18 @@ static int split_group(const split_member_t *all, int size, int rank, split_grou
   g->rings = g->n;
   for (int m = 0; m < g->nodes; m++) g->rings = count[m] < g->rings ? count[m] : g->rings;
   free(seen), free(count);
+  return 0;
+}
+
+/* Whether some group has ranks on two nodes: every rank's answer, from the same triples. A group's
+ * first rank stands for its node; a rank elsewhere makes it span. */
+static int split_spans(const split_member_t *all, int size) {
+  for (int r = 0; r < size; r++) {
+    if (all[r].color < 0) continue; /* in no group */
+    int first = 0;
+    while (all[first].color != all[r].color) first++; /* ends at r at the latest */
+    if (all[first].node != all[r].node) return 1;
+  }
   return 0;
 }
 
@@ -141,7 +159,9 @@ int coll__span_split(coll_comm_t *c, int color, int key, coll_comm_t **comm_p) {
     coll_comm_error(coll__comm_here(c), &why);
     snprintf(err, sizeof err, "the node's part of a split: %s", why && *why ? why : coll_strerror(rc));
   }
-  if (rc == 0 && g.nodes <= 1) { /* on one node (or in no group): every rank still swaps cards */
+  if (rc == 0 && !split_spans(all, c->size)) { /* every group on one node: no rank swaps cards */
+    made = local;
+  } else if (rc == 0 && g.nodes <= 1) { /* on one node (or in none), another group spans: all swap cards */
     split_group_t none = {.me = -1};
     rc = split_span(c, &none, NULL, &made, err, sizeof err);
     if (rc == 0) made = local;

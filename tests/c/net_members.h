@@ -2,7 +2,8 @@
  * net_members.h - members of a bridge ring on emulated nodes, for the C tests (header-only):
  * a forked member enters its node (netns.h), opens an endpoint on hbnet0 (tcp;ofi_rxm), sends
  * its card to the parent over a socket and gets everyone's back (swap_cards, the parent's side),
- * and makes the ring with every member reached.
+ * and makes the ring with every member reached. The parent forks the members and swaps their
+ * cards (members_start), and reaps them (members_reap).
  *
  * Include after harness.h (MAX_RANKS) and netns.h.
  */
@@ -12,6 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "net.h"
@@ -58,6 +61,61 @@ static int swap_cards(int fds[][2], int n) {
           read(fds[m][0], cards[m], lens[m]) == (ssize_t)lens[m];
   for (int m = 0; ok && m < n; m++)
     ok &= write(fds[m][0], lens, sizeof lens) == sizeof lens && write(fds[m][0], cards, sizeof cards) == sizeof cards;
+  return ok;
+}
+
+/* The members of one case, as the parent holds them: n, ns, alarm_s, nlinks and arg set, the
+ * rest filled by members_start and members_reap. */
+typedef struct members members_t;
+struct members {
+  int n;                   /* members */
+  const netns_t *ns;       /* their nodes */
+  unsigned alarm_s;        /* each member's alarm */
+  int nlinks;              /* socket pairs made before the forks, each member's to keep or close; */
+  int links[MAX_RANKS][2]; /* the parent closes its copies once every member is forked */
+  void *arg;               /* the case's own */
+  int fds[MAX_RANKS][2];   /* fds[m][0]: the parent's end of member m's socket */
+  pid_t pids[MAX_RANKS];
+  int status[MAX_RANKS];   /* waitpid's, once reaped (0 if waitpid failed) */
+};
+
+/* A member's body, in its forked process: its exit code. fd is its end of its socket to the parent. */
+typedef int members_fn(const members_t *ms, int me, int fd);
+
+/* Make the links, fork the members (member m, with an alarm and none of the parent's ends of the
+ * sockets, exits with fn(ms, m, its end)), close the parent's copies of the links, and swap the
+ * cards: 1 when all came and went out. */
+static int members_start(members_t *ms, members_fn *fn) {
+  for (int l = 0; l < ms->nlinks; l++)
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, ms->links[l]) != 0) abort();
+  for (int m = 0; m < ms->n; m++) {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, ms->fds[m]) != 0) abort();
+    if ((ms->pids[m] = fork()) == 0) {
+      alarm(ms->alarm_s);
+      for (int o = 0; o <= m; o++) close(ms->fds[o][0]);
+      _exit(fn(ms, m, ms->fds[m][1]));
+    }
+    close(ms->fds[m][1]);
+  }
+  for (int l = 0; l < ms->nlinks; l++) close(ms->links[l][0]), close(ms->links[l][1]);
+  return swap_cards(ms->fds, ms->n);
+}
+
+/* Wait for every member, in order, closing the parent's ends: 1 when all exited with 0, else 0
+ * and, if why is not NULL and still empty, why names the first member that did not. */
+static int members_reap(members_t *ms, char *why, size_t why_len) {
+  int ok = 1;
+  for (int m = 0; m < ms->n; m++) {
+    int st = 0;
+    waitpid(ms->pids[m], &st, 0);
+    ms->status[m] = st;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      ok = 0;
+      if (why && !why[0])
+        snprintf(why, why_len, "member %d exited with status %d", m, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    close(ms->fds[m][0]);
+  }
   return ok;
 }
 

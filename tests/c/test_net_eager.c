@@ -47,11 +47,13 @@ static size_t used_of(uint32_t c) {
   return used[c % (sizeof used / sizeof used[0])];
 }
 
-static int calls(int me, int n, int fd, const netns_t *ns, uint32_t total) {
+static int calls(const members_t *ms, int me, int fd) {
+  int n = ms->n;
+  uint32_t total = *(const uint32_t *)ms->arg;
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, POOL, &net, &ring);
+  int rc = join(me, n, fd, ms->ns, POOL, &net, &ring);
   if (rc) return rc;
   uint8_t *buf = malloc((size_t)n * BLOCK);
   unsigned seed = 1234u + (unsigned)me;
@@ -92,43 +94,31 @@ static void run_calls(const char *name, int n, uint32_t total) {
     return;
   }
   double t0 = now_s();
-  int sv[MAX_RANKS][2];
-  pid_t pids[MAX_RANKS];
-  for (int m = 0; m < n; m++) {
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
-    if ((pids[m] = fork()) == 0) {
-      alarm(300);
-      for (int o = 0; o <= m; o++) close(sv[o][0]);
-      _exit(calls(m, n, sv[m][1], &ns, total));
-    }
-    close(sv[m][1]);
-  }
-  int ok = swap_cards(sv, n);
+  members_t ms = {.n = n, .ns = &ns, .alarm_s = 300, .arg = &total};
+  int ok = members_start(&ms, calls);
   char done, why[160] = "";
   for (int m = 0; m < n; m++)
-    if (read(sv[m][0], &done, 1) != 1 && ok) snprintf(why, sizeof why, "member %d stopped early", m), ok = 0;
+    if (read(ms.fds[m][0], &done, 1) != 1 && ok) snprintf(why, sizeof why, "member %d stopped early", m), ok = 0;
   done = 'd';
-  for (int m = 0; m < n; m++) (void)!write(sv[m][0], &done, 1);
-  for (int m = 0; m < n; m++) {
-    int st = 0;
-    waitpid(pids[m], &st, 0);
-    if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && !why[0])
-      snprintf(why, sizeof why, "member %d exited with status %d", m, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    close(sv[m][0]);
-  }
+  for (int m = 0; m < n; m++) (void)!write(ms.fds[m][0], &done, 1);
+  ok &= members_reap(&ms, why, sizeof why);
   record(ok, name, n, now_s() - t0, ok ? NULL : why);
   netns_down(&ns);
 }
 
-/* Member SLOW dies after 300 calls, unannounced; the others call on. Watching (watch_fd >= 0,
- * a connection the dead one held) they must end with COLL_EPEERLOST and no time limit; else with
- * an error within their 5 s limit. */
-static int dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
+/* Member SLOW dies after 300 calls, unannounced; the others call on. Watching (*arg, watch_fd >= 0:
+ * a link whose other end the dead one held) they must end with COLL_EPEERLOST and no time limit;
+ * else with an error within their 5 s limit. */
+static int dies(const members_t *ms, int me, int fd) {
+  int n = ms->n, watch_fd = *(const int *)ms->arg && me != SLOW ? ms->links[me][0] : -1;
+  for (int o = 0; o < n; o++) { /* links[m]: m's end closes when SLOW is gone; SLOW keeps every */
+    if (me != SLOW || o == SLOW) close(ms->links[o][1]); /* other end, the others their own */
+    if (o != me) close(ms->links[o][0]);
+  }
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, POOL, &net, &ring);
+  int rc = join(me, n, fd, ms->ns, POOL, &net, &ring);
   if (rc) _exit(rc);
   if (watch_fd >= 0) coll__net_watch(net, watch_fd, "the dead node");
   static uint8_t buf[MAX_RANKS * BLOCK];
@@ -151,32 +141,9 @@ static void run_dies(const char *name, int n, int watched) {
     return;
   }
   double t0 = now_s();
-  int sv[MAX_RANKS][2], link[MAX_RANKS][2]; /* link[m]: m's end closes when SLOW is gone */
-  pid_t pids[MAX_RANKS];
-  for (int m = 0; m < n; m++)
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, link[m]) != 0) abort();
-  for (int m = 0; m < n; m++) {
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
-    if ((pids[m] = fork()) == 0) {
-      alarm(60);
-      for (int o = 0; o <= m; o++) close(sv[o][0]);
-      for (int o = 0; o < n; o++) { /* SLOW keeps every other end, the others their own */
-        if (m != SLOW || o == SLOW) close(link[o][1]);
-        if (o != m) close(link[o][0]);
-      }
-      _exit(dies(m, n, sv[m][1], &ns, watched && m != SLOW ? link[m][0] : -1));
-    }
-    close(sv[m][1]);
-  }
-  for (int m = 0; m < n; m++) close(link[m][0]), close(link[m][1]);
-  (void)swap_cards(sv, n); /* a failed swap shows as the survivors' exit status */
-  int ok = 1;
-  for (int m = 0; m < n; m++) {
-    int st = 0;
-    waitpid(pids[m], &st, 0);
-    ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    close(sv[m][0]);
-  }
+  members_t ms = {.n = n, .ns = &ns, .alarm_s = 60, .nlinks = n, .arg = &watched};
+  (void)members_start(&ms, dies); /* a failed swap shows as the survivors' exit status */
+  int ok = members_reap(&ms, NULL, 0);
   record(ok, name, n, now_s() - t0, ok ? NULL : "a survivor hung or saw the wrong error");
   netns_down(&ns);
 }

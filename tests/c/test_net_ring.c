@@ -185,11 +185,12 @@ static int shift_cases(int me, int n, coll__net_ring_t *ring) {
   return bad;
 }
 
-static int member(int me, int n, int fd, const netns_t *ns) {
+static int member(const members_t *ms, int me, int fd) {
+  int n = ms->n;
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, POOL, &net, &ring);
+  int rc = join(me, n, fd, ms->ns, POOL, &net, &ring);
   if (rc) return rc;
   size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20};
   int bad = 0;
@@ -234,13 +235,16 @@ static int member(int me, int n, int fd, const netns_t *ns) {
 }
 
 /* Member 1 dies once the ring is made; member 0's allreduce must end with an error, not
- * hang: within its 5 s timeout, or, watching a connection to member 1 (watch_fd >= 0) and
+ * hang: within its 5 s timeout, or, watching its link to member 1 (*arg, watch_fd >= 0) and
  * with no time limit, as soon as that connection closes, as COLL_EPEERLOST. */
-static int member_dies(int me, int n, int fd, const netns_t *ns, int watch_fd) {
+static int member_dies(const members_t *ms, int me, int fd) {
+  const int *link = ms->links[0]; /* member 0's end closes when member 1 is gone */
+  int watch_fd = *(const int *)ms->arg && me == 0 ? link[0] : -1;
+  close(link[1 - me]);
   char err[256] = "";
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, n, fd, ns, POOL, &net, &ring);
+  int rc = join(me, ms->n, fd, ms->ns, POOL, &net, &ring);
   if (rc || me == 1) _exit(rc); /* the endpoint goes with the process, unannounced */
   usleep(200000);
   static float buf[1 << 20];
@@ -261,26 +265,10 @@ static void run_dead(const char *name, int watched) {
     return;
   }
   double t0 = now_s();
-  int sv[2][2], link[2]; /* link: member 0's end closes when member 1 is gone */
-  pid_t pids[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, link) != 0) abort();
-  for (int m = 0; m < 2; m++) {
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
-    if ((pids[m] = fork()) == 0) {
-      alarm(60);
-      for (int o = 0; o <= m; o++) close(sv[o][0]);
-      close(link[1 - m]);
-      _exit(member_dies(m, 2, sv[m][1], &ns, watched && m == 0 ? link[0] : -1));
-    }
-    close(sv[m][1]);
-  }
-  close(link[0]), close(link[1]);
-  (void)swap_cards(sv, 2); /* a failed swap shows as the survivor's exit status */
-  int st0 = 0, st1 = 0;
-  waitpid(pids[0], &st0, 0);
-  waitpid(pids[1], &st1, 0);
-  close(sv[0][0]), close(sv[1][0]);
-  int ok = WIFEXITED(st0) && WEXITSTATUS(st0) == 0;
+  members_t ms = {.n = 2, .ns = &ns, .alarm_s = 60, .nlinks = 1, .arg = &watched};
+  (void)members_start(&ms, member_dies); /* a failed swap shows as the survivor's exit status */
+  (void)members_reap(&ms, NULL, 0); /* the survivor's status decides: member 1 dies */
+  int ok = WIFEXITED(ms.status[0]) && WEXITSTATUS(ms.status[0]) == 0;
   record(ok, name, 2, now_s() - t0, ok ? NULL : "the survivor hung or saw no error");
   netns_down(&ns);
 }
@@ -297,24 +285,13 @@ static void run_ring(const char *name, int n, int loss_pct) {
     return;
   }
   double t0 = now_s();
-  int sv[MAX_RANKS][2];
-  pid_t pids[MAX_RANKS];
-  for (int m = 0; m < n; m++) {
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
-    pids[m] = fork();
-    if (pids[m] == 0) {
-      alarm(300);
-      for (int o = 0; o <= m; o++) close(sv[o][0]);
-      _exit(member(m, n, sv[m][1], &ns));
-    }
-    close(sv[m][1]);
-  }
-  int ok = swap_cards(sv, n);
+  members_t ms = {.n = n, .ns = &ns, .alarm_s = 300};
+  int ok = members_start(&ms, member);
   char why[160] = "";
   for (int c = 0; ok && c < total_cases(); c++) { /* one checksum per case from every member */
     uint64_t h[MAX_RANKS];
     for (int m = 0; ok && m < n; m++)
-      if (read(sv[m][0], &h[m], 8) != 8) {
+      if (read(ms.fds[m][0], &h[m], 8) != 8) {
         snprintf(why, sizeof why, "member %d stopped before case %d", m, c);
         ok = 0;
       } else if (h[m] != h[0]) {
@@ -326,21 +303,13 @@ static void run_ring(const char *name, int n, int loss_pct) {
    * right neighbour's last credit reached it would break that neighbour's write) */
   char done;
   for (int m = 0; ok && m < n; m++)
-    if (read(sv[m][0], &done, 1) != 1) {
+    if (read(ms.fds[m][0], &done, 1) != 1) {
       snprintf(why, sizeof why, "member %d stopped before the end of its allgathers", m);
       ok = 0;
     }
   done = 'd'; /* every member finished: they may close their endpoints */
-  for (int m = 0; m < n; m++) (void)!write(sv[m][0], &done, 1);
-  for (int m = 0; m < n; m++) {
-    int st = 0;
-    waitpid(pids[m], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      ok = 0;
-      if (!why[0]) snprintf(why, sizeof why, "member %d exited with status %d", m, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    }
-    close(sv[m][0]);
-  }
+  for (int m = 0; m < n; m++) (void)!write(ms.fds[m][0], &done, 1);
+  ok &= members_reap(&ms, why, sizeof why);
   record(ok, name, n, now_s() - t0, ok ? NULL : why);
   netns_down(&ns);
 }

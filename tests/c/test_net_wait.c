@@ -64,10 +64,12 @@ static double cpu_s(void) {
 static double interrupt_at;
 static int interrupt_late(void *arg) { return (void)arg, now_s() > interrupt_at; }
 
-static int member(int me, int fd, const netns_t *ns, int kind, int link) {
+static int member(const members_t *ms, int me, int fd) {
+  int kind = *(const int *)ms->arg, link = ms->links[0][me]; /* in WATCH member 1 shuts its end down */
+  close(ms->links[0][1 - me]);
   coll__net_t *net = NULL;
   coll__net_ring_t *ring = NULL;
-  int rc = join(me, 2, fd, ns, POOL, &net, &ring);
+  int rc = join(me, ms->n, fd, ms->ns, POOL, &net, &ring);
   if (rc) return rc;
   size_t count = kind == LATE_BIG ? BIG : 2;
   float *buf = malloc(count * sizeof *buf);
@@ -118,32 +120,18 @@ static void run(const char *name, int kind) {
   }
   memset(shared, 0, sizeof *shared);
   double t0 = now_s();
-  int sv[2][2], link[2];
-  pid_t pids[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, link) != 0) abort();
-  for (int m = 0; m < 2; m++) {
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[m]) != 0) abort();
-    if ((pids[m] = fork()) == 0) {
-      alarm(60);
-      for (int o = 0; o <= m; o++) close(sv[o][0]);
-      close(link[1 - m]);
-      _exit(member(m, sv[m][1], &ns, kind, link[m]));
-    }
-    close(sv[m][1]);
-  }
-  close(link[0]), close(link[1]);
-  int ok = swap_cards(sv, 2), st0 = 0, st1 = 0;
+  members_t ms = {.n = 2, .ns = &ns, .alarm_s = 60, .nlinks = 1, .arg = &kind};
+  int ok = members_start(&ms, member);
   char through;
-  for (int m = 0; m < 2; m++) ok &= read(sv[m][0], &through, 1) == 1; /* member 0's wait is over first */
-  for (int m = 0; m < 2; m++) (void)!write(sv[m][0], "d", 1);
-  waitpid(pids[0], &st0, 0);
-  waitpid(pids[1], &st1, 0);
-  close(sv[0][0]), close(sv[1][0]);
+  for (int m = 0; m < 2; m++) ok &= read(ms.fds[m][0], &through, 1) == 1; /* member 0's wait is over first */
+  for (int m = 0; m < 2; m++) (void)!write(ms.fds[m][0], "d", 1);
+  ok &= members_reap(&ms, NULL, 0);
+  int st0 = ms.status[0], st1 = ms.status[1];
   shared_t *s = shared;
   double after = s->ended_at - s->cause_at;
   char why[512] = "";
   int want = kind == WATCH ? COLL_EPEERLOST : kind == INTERRUPT ? COLL_EINTERRUPTED : kind == DEADLINE ? -ETIMEDOUT : 0;
-  if (!ok || !WIFEXITED(st0) || WEXITSTATUS(st0) || !WIFEXITED(st1) || WEXITSTATUS(st1))
+  if (!ok)
     snprintf(why, sizeof why, "a member failed (statuses %d, %d)", st0, st1);
   else if (s->rc != want)
     snprintf(why, sizeof why, "the wait returned %d (%s), not %d", s->rc, s->err, want);
