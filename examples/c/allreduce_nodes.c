@@ -1,7 +1,8 @@
 /*
  * allreduce_nodes.c - hbmcoll from C across nodes: one communicator over every rank of every node
  * (shared memory in each node, the bridge's rings between them), joined from the launcher's
- * variables as Python's hbmcoll.init() joins, and split in groups that span the nodes.
+ * variables as Python's hbmcoll.init() joins, split in groups that span the nodes, and messages
+ * between ranks (send/recv: to the next rank and from the previous, on this node or another).
  *
  *   cc allreduce_nodes.c $(pkg-config --cflags --libs hbmcoll) -o allreduce_nodes
  *   # on each of 2 nodes, the same secret everywhere, node 0's address as the master:
@@ -69,14 +70,27 @@ int main(void) {
   if ((rc = coll_comm_split(comm, rank % 2, rank, &group)) != 0 || (rc = coll_run(group, &count)) != 0)
     return coll_comm_free(group), fail("split", rc, comm);
 
+  /* send/recv around the ranks: 1 MB to the next rank, from the previous (a receive started first, so
+   * every rank may send at once) */
+  int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  float *from_prev = malloc(N * sizeof *from_prev);
+  coll_req_t *recv_req = NULL;
+  coll_status_t st = {0};
+  if ((rc = coll_irecv(comm, from_prev, N * sizeof *from_prev, prev, 7, &recv_req)) != 0 ||
+      (rc = coll_send(comm, grad, N * sizeof *grad, next, 7)) != 0 || (rc = coll_req_wait(recv_req, -1)) != 0 ||
+      (rc = coll_req_status(recv_req, &st)) != 0)
+    return coll_req_free(recv_req), fail("send/recv", rc, comm);
+  coll_req_free(recv_req);
+
   int ok = grad[0] == (float)(size * (size + 1) / 2) && grad[N - 1] == grad[0] && step == 4242;
+  ok &= st.source == prev && st.bytes == N * sizeof *grad && from_prev[N - 1] == grad[0];
   for (int r = 0; r < size; r++)
     ok &= all[r] == r;
   ok &= members == (size + 1 - rank % 2) / 2 && coll_comm_rank(group) == rank / 2;
-  printf("rank %d of %d: allreduce %.0f, bcast %lld, allgather %s (%s), group of %d\n", rank, size, grad[0],
-         (long long)step, ok ? "ok" : "WRONG", coll_comm_algorithm(comm), (int)members);
+  printf("rank %d of %d: allreduce %.0f, bcast %lld (%s), group of %d, recv from %d: %s\n", rank, size, grad[0],
+         (long long)step, coll_comm_algorithm(comm), (int)members, st.source, ok ? "ok" : "WRONG");
   coll_comm_free(group); /* collective in the group, before its parent */
-  free(grad);
+  free(grad), free(from_prev);
   coll_comm_free(comm); /* collective between the nodes: waits for their goodbye */
   return ok ? 0 : 1;
 }

@@ -347,8 +347,17 @@ void coll_req_free(coll_req_t *req);
  * A send to this rank itself works. Point-to-point calls may come from any thread, at once
  * (a lock per communicator guards their state, held only for short steps); every wait of one
  * of them moves every pending point-to-point operation of this rank along, so MPI's
- * irecv-send-wait never deadlocks. On a communicator that spans nodes (coll_job_create) every
- * point-to-point call returns COLL_ENOTSUP for now (Python's send/recv cross nodes over TCP). */
+ * irecv-send-wait never deadlocks.
+ * On a communicator that spans nodes (coll_job_create, and its splits) the same calls go through
+ * the network as libfabric tagged messages (tcp;ofi_rxm, verbs;ofi_rxm), to this node's peers too,
+ * so one matching engine sees every message: the rules above hold across nodes. What differs there:
+ * a long message moves only while both its ranks poll (a wait or test of any of their
+ * point-to-point calls); after COLL_EMISMATCH the buffer's contents are unspecified (the provider may deliver
+ * none of a message that came before its receive); a send cut short by a timeout or an interrupt
+ * fails the communicator (a posted send cannot be withdrawn); a rank that dies, or a lost node,
+ * ends every wait with COLL_EPEERLOST (the communicator is failed on every node). If a rank could
+ * not open its endpoint, the collectives work and every point-to-point call returns COLL_ENOTSUP
+ * (coll_comm_error names that rank and why). */
 #define COLL_ANY_SOURCE (-1)
 #define COLL_ANY_TAG (-1)
 

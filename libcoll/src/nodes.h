@@ -35,6 +35,9 @@ int coll__nodes_watch_start(const int *socks, int n, int relay, coll__nodes_watc
 /* The fd a failure shuts (hier.c) and the bridge watches (net.h): end of file once the job's
  * communicator can no longer go on. */
 int coll__nodes_watch_fd(const coll__nodes_watch_t *w);
+/* fn(arg) is called from the watch's thread every 100 ms of quiet (NULL: no more calls; once this
+ * returns, none is under way): it ends the communicator when it finds a rank of this node dead. */
+void coll__nodes_watch_guard(coll__nodes_watch_t *w, int (*fn)(void *), void *arg);
 /* A call begins: 0, or COLL_EPEERLOST with a sentence when a member left before this call. */
 int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen);
 /* Collective: goodbye, and wait (at most timeout_s) for every member's; then close. */

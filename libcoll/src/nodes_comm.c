@@ -62,7 +62,26 @@ coll_comm_t *coll__comm_here(const coll_comm_t *c) {
   return c && c->span ? c->span->node : (coll_comm_t *)c;
 }
 
+/* The watch's guard: a rank of this node that died without leaving ends the job's communicator at
+ * once, so the other nodes' waits (point-to-point ones too) end even while none of this node's ranks
+ * is in a call to notice it. */
+static int span_guard(void *arg) {
+  coll__span_t *s = arg;
+  coll_comm_t *node = s->node;
+  for (int r = 0; r < node->size; r++) {
+    if (r == node->rank || coll__peer_gone(node, r) != 1 || atomic_load(&node->ctl[r].left)) continue;
+    const coll__hier_t *h = s->hier;
+    char text[160];
+    snprintf(text, sizeof text, "rank %d (local rank %d of node %d) died; the communicator is closed",
+             h->rank_at[h->cfg.node * h->widest + r], r, h->cfg.node);
+    coll__hier_fail(s->hier, COLL_EPEERLOST, text);
+    return 1;
+  }
+  return 0;
+}
+
 static void span_parts_free(coll__span_t *s, int graceful) {
+  coll__nodes_watch_guard(s->watch, NULL, NULL); /* first: it reads the parts freed below */
   coll__span_p2p_close(s->p2p);
   coll__hier_free(s->hier); /* its request engine first: queued requests end with COLL_EABORTED */
   if (graceful) coll__nodes_watch_close(s->watch, 60); /* the other nodes' writes to us completed */
@@ -121,6 +140,7 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   c->span = s;
   if (s->net) coll__net_set_interrupt(s->net, cfg->local->interrupt_fn, cfg->local->interrupt_arg);
   if (s->net && span_watch_fd(s) >= 0) coll__net_watch(s->net, span_watch_fd(s), "the job's other nodes");
+  coll__nodes_watch_guard(s->watch, span_guard, s);
   if ((rc = coll__span_p2p_open(c, &s->p2p, err, errlen)) != 0) { /* collective: the cards */
     span_parts_free(s, 0);
     free(c);

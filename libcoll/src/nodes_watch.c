@@ -8,6 +8,9 @@
  * file on a connection without a goodbye is a lost node: the thread shuts every connection (so
  * member 0's loss reaches every member) and closes `theirs`, so every wait on the bridge ends.
  *
+ * A guard (the communicator's, nodes_comm.c) is asked every 100 ms of quiet whether this node lost a
+ * rank: so a death ends the job's communicator on every node even while no rank is in a call.
+ *
  * Exit is a message, as in nodes/rendezvous.py: member k says BYE with the number of calls it made; member 0
  * tells every member (LEFT, with that number) and, once all said it or were lost, ALL. A member in
  * a later call than one that left will never see it there: its watch fires at once. Messages: 'B'
@@ -38,6 +41,8 @@ struct coll__nodes_watch {
   pthread_mutex_t lock, sending;
   uint64_t calls;
   int64_t left; /* fewest calls of a member that left, -1 while none has */
+  int (*guard)(void *); /* coll__nodes_watch_guard's, called under lock */
+  void *guard_arg;
 };
 
 static void watch_close_theirs(coll__nodes_watch_t *w) {
@@ -104,7 +109,12 @@ static void *watch_main(void *arg) {
     for (int i = 0; i < w->n; i++)
       if (!w->gone[i]) at[m] = i, p[m++] = (struct pollfd){.fd = w->socks[i], .events = POLLIN | POLLRDHUP};
     if (m == first) break;
-    if (poll(p, (nfds_t)m, 100) <= 0) continue;
+    if (poll(p, (nfds_t)m, 100) <= 0) {
+      pthread_mutex_lock(&w->lock); /* a failure it finds shuts `mine`: theirs stirs at the next poll */
+      if (w->guard) w->guard(w->guard_arg);
+      pthread_mutex_unlock(&w->lock);
+      continue;
+    }
     if (first && p[0].revents) { /* this node ended the job's communicator: the others learn it */
       if (!atomic_load(&w->stop)) watch_drop(w);
       break;
@@ -167,6 +177,13 @@ int coll__nodes_watch_start(const int *socks, int n, int relay, coll__nodes_watc
 }
 
 int coll__nodes_watch_fd(const coll__nodes_watch_t *w) { return w ? w->mine : -1; }
+
+void coll__nodes_watch_guard(coll__nodes_watch_t *w, int (*fn)(void *), void *arg) {
+  if (w == NULL) return;
+  pthread_mutex_lock(&w->lock);
+  w->guard = fn, w->guard_arg = arg;
+  pthread_mutex_unlock(&w->lock);
+}
 
 int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen) {
   if (w == NULL) return 0;
