@@ -218,6 +218,15 @@ void coll__wake_all(coll_comm_t *c);
  * communicator, or exited normally). */
 int coll__peer_gone(coll_comm_t *c, int peer);
 
+/* One step of a spin: the CPU's pause hint (a sibling hyperthread runs meanwhile). */
+static inline void coll__relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- collective.c: the dispatcher ---- */
 int coll__check_args(const coll_comm_t *c, const coll_args_t *a);
 /* Runs the collective in the calling thread (unaliasing first). */

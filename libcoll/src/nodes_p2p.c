@@ -10,8 +10,9 @@
  * caller's bits. A rank that could not open its endpoint leaves the collectives working and every
  * point-to-point call returns COLL_ENOTSUP with that rank's sentence.
  *
- * Waiting: poll the completion queue (which drives the provider's progress), a short spin, then a
- * block on its fd in slices (net_wait.c), watching the job's connection between the nodes: a lost
+ * Waiting: poll the completion queue (which drives the provider's progress), spinning up to 200 us
+ * (none while a task outside the job wants the core, core_share.h; cut short when the spin is
+ * preempted), then a block on its fd in slices (net_wait.c), watching the job's connection between the nodes: a lost
  * node, or any failure of the communicator, ends every wait with that failure. Every slice checks
  * the timeout, the interrupt callback (blocking calls) and, for a peer on this node, whether it
  * died (that fails the communicator with COLL_EPEERLOST, as p2p.c does). A timeout or an interrupt
@@ -31,10 +32,14 @@
 #include <time.h>
 
 #include "coll_internal.h"
+#include "core_share.h"
 #include "net_tagged.h"
 #include "nodes.h"
 
 #define SP_SLICE_S 0.02  /* a block's longest slice: checks this often */
+#define SP_SPIN_S 200e-6 /* the longest spin before a block, as p2p.c's: a wake-up from the fd costs
+                          * tens of us on a VM, a message's round trip across a link about as much */
+#define SP_PREEMPTED_S 30e-6 /* a spin step this long was preempted: block from then on */
 #define SP_CANCEL_S 1.0  /* a withdrawn receive's cancellation comes back within this */
 #define SP_TAG_BITS 0xffffffffull
 
@@ -230,7 +235,8 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
   if (p->c == NULL) return COLL_EABORTED;
   coll_comm_t *node = coll__comm_here(p->c);
   p->inside++;
-  double since = 0, next_check = sp_now() + SP_SLICE_S;
+  double since = 0, start = sp_now(), next_check = start + SP_SLICE_S;
+  double spin_until = coll__core_wanted(start) ? start : start + SP_SPIN_S; /* no spin where a task wants the core */
   int rc = 0;
   while (rc == 0 && !sp_settled(op)) {
     if ((rc = sp_failed(p)) != 0) break; /* first: the communicator may be gone */
@@ -243,6 +249,13 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
       else rc = sp_check_peer(p, op);
     }
     if (rc) break;
+    if (now < spin_until) {
+      pthread_mutex_unlock(&p->lock);
+      for (int k = 0; k < 16; k++) coll__relax();
+      pthread_mutex_lock(&p->lock);
+      if (sp_now() - now > SP_PREEMPTED_S) spin_until = 0;
+      continue;
+    }
     coll__tagged_t *ep = p->ep;
     int watch = coll__span_watch(p->c);
     pthread_mutex_unlock(&p->lock);

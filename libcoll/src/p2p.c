@@ -65,14 +65,6 @@ static double p2p_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static inline void p2p_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* With the lock held: drop one user, and unlock (or free the state, after the last). */
 static void p2p_unref(coll__p2p_t *p) {
   if (--p->refs > 0) {
@@ -197,7 +189,7 @@ static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocki
   double spin_s = c->yield_budget > 2 && start >= p->loaded_until ? P2P_SPIN_S : P2P_SPIN_LOADED_S;
   for (long i = 0; i < c->spin_iters && rc == 0; i++) {
     pthread_mutex_unlock(&p->lock);
-    p2p_relax();
+    coll__relax();
     pthread_mutex_lock(&p->lock);
     if (p->c == NULL) rc = COLL_EABORTED;
     else if ((coll__p2p_progress(p, 0), p2p_done(op))) goto out;

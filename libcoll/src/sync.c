@@ -39,14 +39,6 @@
 #define SYNC_CHECK_S 0.02    /* peer/interrupt/deadline checks in the slow path */
 #define SYNC_YIELD_S 0.002   /* yield at most this long before sleeping */
 
-static inline void sync_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 static double sync_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -132,7 +124,7 @@ int coll__check_abort(coll_comm_t *c) {
   int code = atomic_load_explicit(&c->hdr->abort_code, memory_order_acquire);
   if (code == 0) return 0;
   if (c->error == 0) {
-    for (int i = 0; i < 100000 && !atomic_load(&c->hdr->abort_ready); i++) sync_relax();
+    for (int i = 0; i < 100000 && !atomic_load(&c->hdr->abort_ready); i++) coll__relax();
     c->error = code;
     snprintf(c->error_text, sizeof c->error_text, "%s", c->hdr->abort_text);
   }
@@ -219,7 +211,7 @@ static void sync_warn_stall(coll_comm_t *c, int peer, int arrival, uint64_t targ
  * a peer that dies on the way is found by my own check of it. */
 static int sync_abort_applies(coll_comm_t *c) {
   if (atomic_load_explicit(&c->hdr->abort_code, memory_order_acquire) == 0) return 0;
-  for (int i = 0; i < 100000 && !atomic_load(&c->hdr->abort_ready); i++) sync_relax();
+  for (int i = 0; i < 100000 && !atomic_load(&c->hdr->abort_ready); i++) coll__relax();
   return !atomic_load(&c->hdr->abort_ready) || c->hdr->abort_seq <= c->seq || c->error;
 }
 
@@ -233,7 +225,7 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
                      const char *what) {
   if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
   for (long i = 0; i < c->spin_iters; i++) {
-    sync_relax();
+    coll__relax();
     if (atomic_load_explicit(flag, memory_order_acquire) >= target) return 0;
     if ((i & 255) == 255 && atomic_load_explicit(&c->hdr->abort_code, memory_order_relaxed) &&
         sync_abort_applies(c))
