@@ -145,6 +145,7 @@ static void comm_dealloc(hb_comm_t *self) {
   coll_comm_free(self->kept);
   self->kept = NULL;
   Py_CLEAR(self->placement);
+  Py_CLEAR(self->keep);
   hb_comm_lock_destroy(self);
   tp->tp_free(self);
   Py_DECREF(tp);
@@ -153,6 +154,7 @@ static void comm_dealloc(hb_comm_t *self) {
 static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(self->placement);
+  Py_VISIT(self->keep);
   return 0;
 }
 
@@ -246,6 +248,22 @@ static PyObject *comm_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t n
   return result;
 }
 
+PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread, PyObject *keep) {
+  hb_comm_t *obj = (hb_comm_t *)st->CommType->tp_alloc(st->CommType, 0);
+  if (obj == NULL) {
+    coll_comm_free(c);
+    return NULL;
+  }
+  hb_comm_lock_init(obj);
+  obj->state = st;
+  obj->owner_thread = PyThread_get_thread_ident();
+  obj->any_thread = any_thread;
+  obj->comm = c;
+  obj->placement = Py_XNewRef(placement);
+  obj->keep = Py_XNewRef(keep);
+  return (PyObject *)obj;
+}
+
 static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
   int color, key = 0;
   if (!PyArg_ParseTuple(args, "i|i", &color, &key)) return NULL;
@@ -270,19 +288,7 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
   } else if (sub == NULL) {
     result = Py_NewRef(Py_None);
   } else {
-    PyTypeObject *tp = Py_TYPE(self);
-    hb_comm_t *obj = (hb_comm_t *)tp->tp_alloc(tp, 0);
-    if (obj) {
-      hb_comm_lock_init(obj);
-      obj->state = self->state;
-      obj->owner_thread = PyThread_get_thread_ident();
-      obj->any_thread = self->any_thread;
-      obj->comm = sub;
-      obj->placement = Py_XNewRef(self->placement);
-      result = (PyObject *)obj;
-    } else {
-      coll_comm_free(sub);
-    }
+    result = hb_comm_wrap(self->state, sub, self->placement, self->any_thread, NULL);
   }
   hb_comm_unlock(self);
   return result;

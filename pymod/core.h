@@ -40,8 +40,12 @@ typedef struct {
   unsigned long owner_thread; /* the only thread that may issue collectives ... */
   int any_thread;             /* ... unless the caller orders them itself (torch backend) */
   atomic_int p2p_users;       /* point-to-point calls in flight (p2p.c: they take no lock) */
+  PyObject *keep;             /* what the communicator borrows from (a Hier's face: the Hier) */
   int p2p_closing;            /* close() waits for them and refuses new ones */
 } hb_comm_t;
+
+/* _core.c: a Comm around c (taken), NULL with an exception (c freed) */
+PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread, PyObject *keep);
 
 /* buffer.c */
 int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);

@@ -10,6 +10,8 @@
  *   h.start(kind, send=None, recv=None, op=0, root=0) -> Request   # as Comm.start
  *   h.quiet()       # until every started call finished (before the node's communicator splits)
  *   h.fail()        # end the job's communicator (an abort); h.algorithm() -> str; h.close()
+ *   h.p2p(iface=None, family=0) -> Comm   # collective: a communicator over this layer for
+ *        # send/recv (libcoll/src/nodes_p2p.c); close it before h
  *
  * Calls run in call order on every rank: started ones on the layer's request engine (libcoll's
  * own), a blocking one in the caller's thread, behind them if any are queued. A blocking call
@@ -21,6 +23,7 @@
 #include <time.h>
 
 #include "hier.h"
+#include "nodes.h"
 
 typedef struct {
   PyObject_HEAD
@@ -221,7 +224,40 @@ static PyObject *hier_fail(hb_hier_t *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+/* Collective: the layer's face as a communicator (nodes_comm.c, borrowing the layer and its parts),
+ * whose point-to-point calls cross the nodes in C; its cards are allgathered through the layer. */
+static PyObject *hier_p2p(hb_hier_t *self, PyObject *args) {
+  const char *iface = NULL;
+  int family = 0;
+  if (!PyArg_ParseTuple(args, "|zi", &iface, &family)) return NULL;
+  if (self->hier == NULL) return hb_raise(self->state, COLL_EABORTED, "the communicator across nodes is closed");
+  hb_comm_t *c = (hb_comm_t *)self->comm;
+  const coll__hier_config_t *hc = &self->hier->cfg;
+  coll__span_config_t sc = {.local = c->comm, .ring = hc->ring, .nodes = hc->nodes, .node = hc->node,
+                            .rings = hc->rings, .size = hc->size, .node_of = self->hier->node_of,
+                            .local_of = self->hier->local_of, .timeout_s = hc->timeout_s, .iface = iface,
+                            .family = family, .hier = self->hier, .watch_fd = hc->watch_fd};
+  if (hb_comm_lock(c) != 0) return NULL;
+  struct coll__net_ring *ring = self->bridge ? hb_bridge_take(self->bridge) : NULL;
+  coll_comm_t *face = NULL;
+  char err[320] = "";
+  int rc = COLL_EBADARG;
+  if (self->bridge == NULL || ring == hc->ring) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = coll__comm_span(&sc, &face, err, sizeof err);
+    Py_END_ALLOW_THREADS
+  } else if (ring != NULL) {
+    snprintf(err, sizeof err, "the bridge's ring changed under the communicator across nodes");
+  }
+  if (ring) hb_bridge_give(self->bridge);
+  hb_comm_unlock(c);
+  if (rc) return PyErr_Occurred() ? NULL : hb_raise(self->state, rc, err[0] ? err : NULL);
+  return hb_comm_wrap(self->state, face, NULL, 1, (PyObject *)self);
+}
+
 static PyMethodDef hier_methods[] = {
+    {"p2p", (PyCFunction)hier_p2p, METH_VARARGS, "p2p(iface=None, family=0) -> Comm: collective; send/recv across "
+                                                 "the nodes in C (close it before this layer)"},
     {"run", (PyCFunction)hier_run, METH_VARARGS, "run(kind, send=None, recv=None, op=0, root=0): a collective "
                                                  "over every rank of the job"},
     {"start", (PyCFunction)hier_start, METH_VARARGS, "start(kind, send=None, recv=None, op=0, root=0) -> Request"},

@@ -89,6 +89,10 @@ typedef struct {
   size_t pool_bytes;          /* each endpoint's pool (0: COLL__NODES_POOL), for splits */
   const coll_comm_t *parent;  /* a split's: its watched connection is shared (a duplicate of its
                                * fd), so a failure in either ends both; NULL for the job's own */
+  coll__hier_t *hier;         /* a layer made already (the Python package's, pymod/hier.c): the
+                               * communicator is a face over it for point-to-point, and borrows it and
+                               * every part above (local, net, ring): none is freed with it */
+  int watch_fd;               /* with hier: the layer's watched fd (duplicated), -1 none */
 } coll__span_config_t;
 /* The job's communicator over these parts, which it takes in every case (freed on failure too).
  * Returns 0 and *comm_p, or COLL_EBADARG (a layout that does not add up) / -ENOMEM with a

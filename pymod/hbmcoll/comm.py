@@ -10,7 +10,7 @@ import hashlib
 from . import _core, timeline
 from .errors import ArgumentError
 from .objects import ObjectCollectives
-from .p2p import ANY_SOURCE, ANY_TAG, PointToPoint, Status, secret_of
+from .p2p import ANY_SOURCE, ANY_TAG, Status, secret_of
 from .vcoll import VariableCollectives
 
 _OPS = {"sum": _core.SUM, "prod": _core.PROD, "min": _core.MIN, "max": _core.MAX,
@@ -88,7 +88,45 @@ class Request:
         return self._req.done
 
 
-class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
+class CPointToPoint:
+    """send/recv and friends in C (p2p.py says what the calls mean), on the communicator self._pc: the
+    node's own (through its shared segment) or, across nodes, the layer's face (libfabric tagged
+    messages, libcoll/src/nodes_p2p.c); self._timeout bounds a request's wait by default."""
+
+    def send(self, buf, dest, tag=0):
+        """buf to rank dest; returns once buf may be reused (up to 4032 bytes at once; a longer
+        message once the receiver has taken it, or taken it aside while waiting itself)."""
+        self._pc.send(buf, dest, tag)
+
+    def isend(self, buf, dest, tag=0):
+        """send in the background: a Request; buf must stay unchanged until it is done."""
+        return _SendRequest(self._pc.isend(buf, dest, tag), self._timeout or None)
+
+    def recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """The first message from source (any: ANY_SOURCE) with tag (any: ANY_TAG) into buf;
+        returns buf. status (a Status) gets the source, tag and byte count."""
+        got = self._pc.recv(buf, source, tag)
+        if status is not None:
+            status.source, status.tag, status.nbytes = got
+        return buf
+
+    def irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """recv in the background: a Request whose wait() gives buf and whose .status says what came."""
+        return _RecvRequest(self._pc.irecv(buf, source, tag), buf, status, self._timeout or None)
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, status=None):
+        """sendbuf to dest and a message from source into recvbuf at once (no deadlock when two
+        ranks swap); returns recvbuf."""
+        got = _RecvRequest(self._pc.irecv(recvbuf, source, recvtag), recvbuf, status, self._timeout or None)
+        try:
+            self._pc.send(sendbuf, dest, sendtag)
+        except BaseException:
+            got._req.cancel()  # no later message lands in recvbuf
+            raise
+        return got.wait()
+
+
+class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     """Processes on one node that run collectives together.
 
     Every rank must call the same collectives in the same order with matching
@@ -113,6 +151,10 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
         self._splits = 0
         if listener is not None:
             listener.close()
+
+    @property
+    def _pc(self):  # send/recv's communicator (CPointToPoint): this one
+        return self._c
 
     @property
     def pu(self):
@@ -356,39 +398,6 @@ class Communicator(ObjectCollectives, VariableCollectives, PointToPoint):
         return ("shared memory" + (f" (single copy for large {' and '.join(self.single_copy)})"
                                    if self.single_copy else "") +
                 "; send/recv over shared memory")
-
-    # -- point-to-point, in C through the shared segment (p2p.py says what the calls mean)
-    def send(self, buf, dest, tag=0):
-        """buf to rank dest; returns once buf may be reused (up to 4032 bytes at once; a longer
-        message once the receiver has taken it, or taken it aside while waiting itself)."""
-        self._c.send(buf, dest, tag)
-
-    def isend(self, buf, dest, tag=0):
-        """send in the background: a Request; buf must stay unchanged until it is done."""
-        return _SendRequest(self._c.isend(buf, dest, tag), self._timeout or None)
-
-    def recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
-        """The first message from source (any: ANY_SOURCE) with tag (any: ANY_TAG) into buf;
-        returns buf. status (a Status) gets the source, tag and byte count."""
-        got = self._c.recv(buf, source, tag)
-        if status is not None:
-            status.source, status.tag, status.nbytes = got
-        return buf
-
-    def irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
-        """recv in the background: a Request whose wait() gives buf and whose .status says what came."""
-        return _RecvRequest(self._c.irecv(buf, source, tag), buf, status, self._timeout or None)
-
-    def sendrecv(self, sendbuf, dest, recvbuf, source=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, status=None):
-        """sendbuf to dest and a message from source into recvbuf at once (no deadlock when two
-        ranks swap); returns recvbuf."""
-        got = _RecvRequest(self._c.irecv(recvbuf, source, recvtag), recvbuf, status, self._timeout or None)
-        try:
-            self._c.send(sendbuf, dest, sendtag)
-        except BaseException:
-            got._req.cancel()  # no later message lands in recvbuf
-            raise
-        return got.wait()
 
     # Horovod's cross rank and size: which node among those with this local rank, and how many
     # (a NodesCommunicator's differ)

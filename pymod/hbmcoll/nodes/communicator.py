@@ -15,15 +15,14 @@ a blocking call in the caller's thread once those before it finished.
 import atexit
 
 from .. import _core
-from ..comm import Communicator, Request, _op_code
+from ..comm import Communicator, CPointToPoint, Request, _op_code
 from ..errors import ArgumentError, Error, MismatchError, NotSupportedError, PeerLostError
 from .. import timeline
 from ..objects import ObjectCollectives
-from ..p2p import Channels, PointToPoint
 from ..vcoll import VariableCollectives
 
 
-class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
+class NodesCommunicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     """Communicator of a job across nodes: what hbmcoll.init() returns there."""
 
     def __init__(self, local, layout, bridge, watch, rank, size, timeout, launcher, iface, pool_bytes,
@@ -37,7 +36,7 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         self._placement = local._placement
         self._timeout = timeout or 0
         self._closed = self._failed = False
-        self._p2p = None                        # send/recv, made last (close() may come first)
+        self._pc = None                         # send/recv's communicator, made last (close() may come first)
         ring = bridge if bridge is not None and self.nodes > 1 else None
         self._hier = _core.Hier(local._c, ring, self.node, self.nodes, layout.rings,
                                 [layout.place(r)[0] for r in range(size)],
@@ -48,12 +47,12 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
             atexit.register(self.close)         # the goodbye is collective: see close()
         else:
             parent._children.append(self)
-        from .layout import iface_address
-        self._p2p = Channels(self, tcp_address=iface_address(iface, family), timeout=timeout)  # send/recv over TCP
+        # send/recv in C: the layer's face, whose every rank opens a tagged endpoint (libcoll/src/nodes_p2p.c)
+        self._pc = self._run(lambda: self._hier.p2p(iface, family))
 
     def _transports(self):
         where = self._bridge.describe() if self._bridge is not None else "through this node's ring ranks"
-        return f"shared memory in the node; between nodes the bridge, {where}; send/recv over TCP"
+        return f"shared memory in the node; between nodes the bridge, {where}; send/recv over libfabric tagged messages"
 
     def __repr__(self):
         where = self._bridge.describe() if self._bridge is not None else "no bridge endpoint (beyond the rings)"
@@ -220,8 +219,8 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, PointToPoint):
         for child in list(self._children):
             child.close()
         self._closed = True
-        if self._p2p is not None:
-            self._p2p.close()
+        if self._pc is not None:
+            self._pc.close()  # before the layer it borrows
         self._hier.close()  # after the calls started (queued ones end), before the endpoint of its ring
         if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
             self._parent._children.remove(self)
