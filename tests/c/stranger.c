@@ -2,7 +2,7 @@
  * stranger.c - a process with no job key that finds bridge endpoints and writes into them
  * (tests/py/test_strangers.py runs it in a namespace of its own on the job's bridge).
  *
- *   stranger [--iface IF] [--span BYTES] [--notes nodes|client0] ADDR:PORT...
+ *   stranger [--iface IF] [--span BYTES] [--notes nodes|client0] [--tagged] ADDR:PORT...
  *
  * It opens its own libfabric RDM endpoint (FI_PROVIDER as libfabric reads it; tcp;ofi_rxm
  * here), adds every ADDR:PORT given (the test finds them with `ss -tlnp` in the node's
@@ -11,6 +11,10 @@
  *  - fi_writedata of 64 KiB of 0x7f bytes at offsets 0, 64 KiB, ... below --span, with the key
  *    hbmcoll used to register every pool with (0xC011), and now and then a guess (0, 1,
  *    0xC010, 0xC012); each write carries a forged note.
+ * With --tagged it sends tagged messages instead (the endpoints of point-to-point across nodes,
+ * libcoll/src/nodes_p2p.c): 8 bytes of 0x7f with remote CQ data that claims a rank (0-3, and a
+ * message's length above it, as the library sends), tags 0-15 (a user's tags with no token in the
+ * high bits), all ones, and random ones, and injected ones.
  * Notes: "nodes" counts through the ring's data and credit notes (transfer numbers 0..4095,
  * credits with the top bit), "client0" names client 0 of a memory server (either half).
  * It prints a line at the start ("stranger: hammering N endpoints"), one every 500 operations
@@ -24,6 +28,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,12 +70,13 @@ static void progress(void) {
   } while (0)
 
 static int usage(void) {
-  fprintf(stderr, "usage: stranger [--iface IF] [--span BYTES] [--notes nodes|client0] ADDR:PORT...\n");
+  fprintf(stderr, "usage: stranger [--iface IF] [--span BYTES] [--notes nodes|client0] [--tagged] ADDR:PORT...\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   const char *iface = NULL, *notes = "nodes";
+  int tagged = 0;
   size_t span = 4 << 20;
   struct sockaddr_in targets[MAX_TARGETS];
   int ntargets = 0;
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--iface") == 0 && i + 1 < argc) iface = argv[++i];
     else if (strcmp(argv[i], "--span") == 0 && i + 1 < argc) span = strtoull(argv[++i], NULL, 0);
     else if (strcmp(argv[i], "--notes") == 0 && i + 1 < argc) notes = argv[++i];
+    else if (strcmp(argv[i], "--tagged") == 0) tagged = 1;
     else {
       char host[64];
       unsigned port;
@@ -95,7 +102,7 @@ int main(int argc, char **argv) {
 
   struct fi_info *hints = fi_allocinfo(), *info = NULL;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_MSG | FI_RMA;
+  hints->caps = tagged ? FI_TAGGED : FI_MSG | FI_RMA;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   if (iface) hints->domain_attr->name = strdup(iface);
   struct fid_fabric *fabric;
@@ -128,7 +135,16 @@ int main(int argc, char **argv) {
   fflush(stdout);
   static const uint64_t guesses[] = {0, 1, 0xC010, 0xC012};
   int client0 = strcmp(notes, "client0") == 0;
-  for (uint32_t r = 0; !stop; r++) {
+  for (uint32_t r = 0; tagged && !stop; r++) {
+    for (int t = 0; t < ntargets && !stop; t++) {
+      uint64_t rank = r % 4, data = rank | (UINT64_C(8) << 24), tag = r % 16;
+      uint64_t wild = ((uint64_t)rand() << 33) ^ ((uint64_t)rand() << 2) ^ (uint64_t)rand();
+      POST(fi_tsenddata(ep, junk, 8, NULL, data, addr[t], tag, NULL), 1);
+      POST(fi_tsenddata(ep, junk, 8, NULL, data, addr[t], r & 1 ? ~UINT64_C(0) : wild, NULL), 1);
+      POST(fi_tinjectdata(ep, junk, 8, data, addr[t], tag), 0);
+    }
+  }
+  for (uint32_t r = 0; !tagged && !stop; r++) {
     for (int t = 0; t < ntargets && !stop; t++) {
       for (uint32_t k = 0; k < 8 && !stop; k++) {
         uint32_t step = r * 8 + k;

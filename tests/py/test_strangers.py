@@ -7,6 +7,9 @@ as writes, sends and injects.
 - two nodes allreduce in a loop under the hammering: every result is right on every rank, and
   the notes the stranger sent are dropped and counted where they arrived (Bridge.dropped(), the
   one line on stderr);
+- two nodes send and receive (ANY_SOURCE, ANY_TAG) in a loop while the stranger sends tagged
+  messages into every port of theirs (forged ranks, the users' tags, any tag): every message taken
+  is the job's, from the rank it says, with the bytes it sent;
 - a memory server under the hammering: a client's buffer keeps its bytes and its version; notes
   naming client 0, from the stranger and from another client that holds the token, are dropped
   (MemServe's line on stderr) and client 0 is still served.
@@ -221,3 +224,62 @@ def test_a_stranger_cannot_touch_a_memory_server(emulated_nodes, stranger, tmp_p
     assert rc == 0 and "bad []" in out, (out, err[-2000:], serr[-2000:])
     assert "memory server dropped a note naming client 0 from another client" in serr, serr[-2000:]
     assert "dropped a note from an address that is no peer" in serr, serr[-2000:]
+
+
+P2P = r"""
+import os, sys, time, numpy as np
+import hbmcoll
+flag = sys.argv[1]
+c = hbmcoll.init()
+print("ready", flush=True)
+while not os.path.exists(flag + ".go"):
+    time.sleep(0.05)
+wrong, rounds, other = 0, 0, 1 - c.rank
+st, got = hbmcoll.Status(), np.empty(8)
+while rounds < 200000:
+    stop = np.array([os.path.exists(flag + ".stop")], np.int32)
+    c.allreduce(stop)  # both ranks stop after the same round
+    if stop[0]:
+        break
+    for turn in range(2):
+        if turn == c.rank:
+            c.send(np.full(8, rounds * 2.0 + c.rank), other, tag=rounds % 7)
+        else:
+            c.recv(got, hbmcoll.ANY_SOURCE, hbmcoll.ANY_TAG, status=st)
+            wrong += st.source != other or st.tag != rounds % 7 or st.nbytes != 64 or (got != rounds * 2.0 + other).any()
+    rounds += 1
+print(f"rounds {rounds} wrong {wrong}", flush=True)
+c.close()
+"""
+
+
+def test_a_stranger_cannot_reach_send_recv_across_nodes(emulated_nodes, stranger, tmp_path):
+    nodes = emulated_nodes(3)  # node 2: the stranger's
+    port, flag = 29651, str(tmp_path / "flag")
+    env = dict(ENV, HBMCOLL_JOB_KEY="strangers-p2p-key-0123456789abcdef")
+    ranks = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", f"{nodes.addrs[0]}:{port}", sys.executable, "-c", P2P, flag],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    hammer = None
+    try:
+        for p in ranks:
+            _line(p, "ready")
+        targets = [f"{nodes.addrs[i]}:{q}" for i in range(2) for q in _ports(nodes, i, [])]
+        hammer = _hammer(nodes, stranger, targets, "--tagged")
+        open(flag + ".go", "w").close()
+        seen, until = "", time.monotonic() + 300  # until the stranger got through to them
+        while f"stranger: {STRANGER_OPS} posted" not in seen and time.monotonic() < until:
+            if any(p.poll() is not None for p in ranks):
+                break
+            if select.select([hammer.stdout], [], [], 0.5)[0]:
+                seen += hammer.stdout.readline()
+        open(flag + ".stop", "w").close()
+        res = netnodes.finish(ranks, 120)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                netnodes.kill_tree(p.pid)
+        said = _stop(hammer) if hammer else ""
+    assert f"stranger: {STRANGER_OPS} posted" in seen, (seen, said)
+    for i, (rc, out, err) in enumerate(res):
+        assert rc == 0 and " wrong 0" in out and "rounds 0 " not in out, (i, out, err[-2000:], said)
