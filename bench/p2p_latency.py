@@ -1,6 +1,5 @@
 """One-way point-to-point latency between 2 ranks of a node (ping-pong / 2): the communicator's
-send/recv (C, through the shared segment) beside the socket path (p2p.Channels, which the
-communicator across nodes keeps), on the same communicator.
+send/recv (C, through the shared segment). Across nodes: bench/p2p_nodes.py.
 
     python -m hbmcoll.run -n 2 python3 bench/p2p_latency.py [--iters N] [--reps R] [--sizes 8,65536]
 
@@ -14,7 +13,6 @@ import time
 import numpy as np
 
 import hbmcoll
-from hbmcoll.p2p import Channels
 
 SIZES = [8, 65536, 1 << 20]
 
@@ -42,26 +40,21 @@ def main():
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     args = ap.parse_args()
     comm = hbmcoll.init()
-    sock = Channels(comm, b"p2p-latency".ljust(32, b"."))
     comm.barrier()
     rows = []
     for n in map(int, args.sizes.split(",")):
         buf = np.zeros(n, np.uint8)
         iters = args.iters if n <= 65536 else max(args.iters // 10, 50)
-        c_us, s_us = [], []
-        for _ in range(args.reps):  # the two paths in turn: both see the same load
+        c_us = []
+        for _ in range(args.reps):
             c_us.append(pingpong(comm.send, comm.recv, comm.rank, buf, iters) * 1e6)
             comm.barrier()
-            s_us.append(pingpong(sock.send, sock.recv, comm.rank, buf, iters) * 1e6)
-            comm.barrier()
-        rows.append((n, c_us, s_us))
+        rows.append((n, c_us))
     if comm.rank == 0:
-        print(f"{'bytes':>8} {'shared memory (us)':>24} {'socket path (us)':>24}")
-        for n, c_us, s_us in rows:
+        print(f"{'bytes':>8} {'shared memory (us)':>24}")
+        for n, c_us in rows:
             c = f"{min(c_us):.2f} [{statistics.median(c_us):.2f}]"
-            s = f"{min(s_us):.2f} [{statistics.median(s_us):.2f}]"
-            print(f"{n:>8} {c:>24} {s:>24}")
-    sock.close()
+            print(f"{n:>8} {c:>24}")
     comm.close()
 
 

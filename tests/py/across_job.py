@@ -182,7 +182,7 @@ if rest is not None:
     rest.close()
 bynode.close()
 sub.close()
-# point-to-point over TCP between every pair, across nodes and inside one, tags out of order
+# point-to-point in C between every pair, across nodes and inside one, tags out of order
 ahead, behind = (c.rank + 1) % P, (c.rank - 1) % P
 big = np.arange(300000, dtype=np.float32) + c.rank
 reqs = [c.isend(big, ahead, tag=2), c.isend(np.array([c.rank], np.int64), ahead, tag=1)]

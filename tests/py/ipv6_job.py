@@ -20,7 +20,7 @@ for count in (1, 1000, 300001):  # small (rides with the check), medium, large (
         assert (b == root).all(), (count, root)
     g = c.allgather(np.full(count, r, np.int64))
     assert np.array_equal(g, np.repeat(np.arange(n), count).reshape(n, count)), count
-# send/recv between the nodes (ranks 0, 1 on node 0; 2, 3 on node 1), over TCP on IPv6
+# send/recv between the nodes (ranks 0, 1 on node 0; 2, 3 on node 1), as libfabric tagged messages over IPv6
 peer = (r + 2) % n
 out, got = np.full(70001, r, np.float32), np.empty(70001, np.float32)
 if r < 2:

@@ -1,16 +1,14 @@
 """Point-to-point messages: send/recv/isend/irecv/sendrecv between ranks of one node (in C through
 the shared segment, libcoll/src/p2p*.c), against what each rank knows it should get; tags,
-ANY_SOURCE, sizes, the irecv-send-wait pattern, a dead sender, misuse; and an intruder on the
-socket path (p2p.Channels, which the communicator across nodes keeps)."""
+ANY_SOURCE, sizes, the irecv-send-wait pattern, a dead sender, misuse. Across nodes (libfabric
+tagged messages): test_across_nodes.py, and a stranger in test_strangers.py."""
 import signal
-import socket
 import time
 
 import numpy as np
 import pytest
 
 import hbmcoll
-from hbmcoll.p2p import _HEAD, _HELLO
 
 
 def _ring(comm, kind):
@@ -128,34 +126,6 @@ def test_a_receive_from_a_rank_that_was_killed_is_peer_lost(start_ranks):
     assert results[1].status == "ok", job.report()
     said, took = results[1].value
     assert "rank 0 is gone" in said and took < 15, said  # well before HBMCOLL_TIMEOUT (20 s)
-
-
-def _intruder(comm):
-    """Channels (the socket path, which the communicator across nodes keeps) made over a
-    one-node communicator: a connection without the secret is refused."""
-    from hbmcoll.p2p import Channels
-    channels = Channels(comm, b"s" * 32)
-    comm.barrier()  # every rank's socket is bound
-    try:
-        if comm.rank == 0:
-            got = np.empty(1)
-            channels.recv(got, tag=9)
-            return got.tolist()
-        family, addr = channels.addrs[0]
-        fake = socket.socket(family, socket.SOCK_STREAM)  # knows the name, not the secret
-        fake.connect(addr)
-        fake.sendall(_HELLO.pack(1, b"\0" * 32) + _HEAD.pack(9, 8) + np.array([666.0]).tobytes())
-        time.sleep(0.3)
-        channels.send(np.array([42.0]), 0, tag=9)
-        fake.close()
-        return None
-    finally:
-        comm.barrier()
-        channels.close()
-
-
-def test_a_connection_without_the_secret_is_refused(run_ranks):
-    assert run_ranks(2, _intruder)[0] == [42.0]
 
 
 def _misuse(comm):

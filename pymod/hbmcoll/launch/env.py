@@ -199,10 +199,10 @@ def detect(environ=os.environ):
 
 
 # HBMCOLL_PORTS=LO-HI: every port the job listens on across nodes, in one range a firewall can open:
-# the rendezvous of ring l at LO + l, memory servers at LO + 64 + k, each rank's point-to-point
-# listener from LO + 128, the bridge's endpoints (libfabric tcp's FI_TCP_PORT_LOW_RANGE / HIGH_RANGE)
-# from LO + 256 to HI.
-PORTS_RINGS, PORTS_SERVERS, PORTS_P2P, PORTS_BRIDGE = 0, 64, 128, 256
+# the rendezvous of ring l at LO + l, memory servers at LO + 64 + k, and libfabric's tcp endpoints
+# (the bridge's and point-to-point's: FI_TCP_PORT_LOW_RANGE / HIGH_RANGE) from LO + 256 to HI
+# (LO + 128 to LO + 255 stay free: the socket path of point-to-point had them).
+PORTS_RINGS, PORTS_SERVERS, PORTS_BRIDGE = 0, 64, 256
 PORTS_MIN = 512
 
 
