@@ -27,7 +27,7 @@ TOP_LEVEL = {
     # and what every layer reports through (HBMCOLL_LOG, HBMCOLL_TIMELINE)
     "__init__", "__main__", "_version", "errors", "log", "timeline",
     # the communicators and what they are made of (the one across nodes is nodes/)
-    "comm", "p2p", "in_order", "buffers", "objects", "vcoll", "clib",
+    "comm", "p2p", "buffers", "objects", "vcoll", "clib",
 }
 # documented commands (`python -m hbmcoll.X`): each only re-exports and runs its module in launch/
 # or tools/

@@ -35,7 +35,7 @@ import numpy as np
 from ..nodes import netaddr
 from ..comm import _is_numpy
 from ..errors import ArgumentError, Error, MismatchError, PeerLostError, TimeoutError
-from ..in_order import InOrder
+from .in_order import InOrder
 from . import protocol as ms
 
 _connections = {}

@@ -1,5 +1,5 @@
-"""Calls that must run one at a time, in the order they were made (NodesCommunicator's
-collectives): a blocking call waits for the nonblocking ones made before it and then runs in the
+"""Calls that must run one at a time, in the order they were made (a RemoteBuffer's requests to
+its memory servers, client.py): a blocking call waits for the nonblocking ones made before it and then runs in the
 caller's thread; nonblocking calls run on one worker thread, started on first use, and return a
 Request.
 
@@ -11,7 +11,7 @@ Request.
 import queue
 import threading
 
-from .errors import TimeoutError
+from ..errors import TimeoutError
 
 
 class Request:
