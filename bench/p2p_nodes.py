@@ -1,12 +1,13 @@
-"""Point-to-point latency across two emulated nodes, one rank on each: hbmcoll's C send/recv against
-MPICH's over the same link.
+"""Point-to-point latency across two emulated nodes, one rank on each: hbmcoll's C send/recv, from C
+and from Python, against MPICH's over the same link.
 
     sudo python3 bench/p2p_nodes.py [--sizes 8,65536,1048576] [--rounds 3] [--seconds 1]
 
 The nodes are the namespaces of bench/net_bridge.py (tests/py/netnodes.py). bench/c/pingpong.c is
 built twice: against libhbmcoll (coll_job_create, coll_send/coll_recv: libfabric tagged messages
 over tcp;ofi_rxm) under `hbmcoll-run --nnodes 2`, and against MPICH (MPI_Send/MPI_Recv: ch4 over
-UCX with UCX_TLS=tcp,self, as net_bridge.py runs it) under hydra with an ssh stand-in. Each number
+UCX with UCX_TLS=tcp,self, as net_bridge.py runs it) under hydra with an ssh stand-in; Python's
+comm.send/recv (NumPy buffers) is bench/p2p_latency.py under `hbmcoll-run --nnodes 2`. Each number
 is one way in microseconds (the round trip / 2), the best of the rounds; the order rotates. The
 namespaces are removed at the end. A benchmark: nothing is asserted.
 """
@@ -60,6 +61,20 @@ def run_hbmcoll(nodes, binary, sizes, seconds):
     return parse(res[0][1])
 
 
+def run_python(nodes, sizes, seconds):
+    nb._port[0] += 2
+    iters = str(max(200, int(2000 * seconds)))
+    procs = [nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                             "--master", f"{nodes.addrs[0]}:{nb._port[0]}", sys.executable,
+                             os.path.join(nb.HERE, "p2p_latency.py"), "--sizes", ",".join(map(str, sizes)), "--iters",
+                             iters, "--reps", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(nb.ENV, HBMCOLL_IFACE="hbnet0", FI_PROVIDER="tcp"))
+             for i in range(2)]
+    res = nb.finish(procs, 600)
+    rows = [line.split() for line in res[0][1].splitlines()]
+    return {int(r[0]): float(r[1]) for r in rows if len(r) >= 2 and r[0].isdigit()}
+
+
 def run_mpich(nodes, binary, sizes, seconds):
     with tempfile.TemporaryDirectory() as tmp:
         ssh = nodes.ssh_stand_in(os.path.join(tmp, "ssh"))
@@ -81,7 +96,8 @@ def main():
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     hb, mpi = build()
-    runs = [("hbmcoll", lambda n: run_hbmcoll(n, hb, sizes, a.seconds))]
+    runs = [("hbmcoll", lambda n: run_hbmcoll(n, hb, sizes, a.seconds)),
+            ("hbmcoll from Python", lambda n: run_python(n, sizes, a.seconds))]
     if mpi:
         runs.append(("mpich", lambda n: run_mpich(n, mpi, sizes, a.seconds)))
     best = {label: {} for label, _ in runs}
