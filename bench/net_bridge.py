@@ -1,7 +1,7 @@
 """Allreduce across two emulated nodes: hbmcoll against gloo, MPICH and Open MPI over the same links.
 
     sudo python3 bench/net_bridge.py [--sizes 8,65536,1048576,16777216] [--rounds 3]
-                                     [--per-node 1,2] [--rates none,2gbit] [--seconds 1]
+                                     [--per-node 1,2] [--rates none,2gbit] [--seconds 1] [--load]
 
 Two network namespaces (the nodes) on a bridge in a third, one veth each (hbnet0, 10.77.0.1-2),
 as rdma-bridge.md section 5 describes; a rate caps each node's link with tc tbf. For each rate
@@ -14,8 +14,11 @@ in a node and tcp on the nodes' link only, as Open MPI's FAQ configures tcp), an
 per node the bridge's ring alone (build/net_bench, the C path). Each worker is
 bench/nodes_worker.py (float32 sum, the slowest rank's mean per call); the best round is kept.
 The link's ceiling is fi_pingpong's bandwidth (libfabric tcp, 16 MiB messages) in the same run.
+With --load, one busy process per CPU (a Python loop, outside the namespaces) runs beside every
+library for the whole run, as a data loader or the framework's compute would.
 The namespaces are removed at the end, also on Ctrl-C. A benchmark: nothing is asserted.
 """
+import contextlib
 import argparse
 import os
 import re
@@ -117,11 +120,24 @@ def link_ceiling(nodes):
     return float(m.group(1)) * 8 / 1000 if m else None
 
 
-def table(best, sizes, per_node, rate, ceiling, cpu, rounds):
+@contextlib.contextmanager
+def busy(on):
+    """One busy process per CPU while the block runs (none unless on)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() if on else 0)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def table(best, sizes, per_node, rate, ceiling, cpu, rounds, load=False):
     libs = [lib for lib in ("hbmcoll", "gloo", "mpich", "openmpi", "ring") if best.get(lib)]
     print(f"\n{NODES} nodes x {per_node} rank(s), allreduce float32 sum, us per call (best of {rounds} rounds; "
           f"{cpu}, {os.cpu_count()} CPUs; link {'capped at ' + rate if rate else 'uncapped'}, "
-          f"fi_pingpong {'%.2f Gbit/s' % ceiling if ceiling else 'not measured'})")
+          f"fi_pingpong {'%.2f Gbit/s' % ceiling if ceiling else 'not measured'}"
+          f"{'; a busy process per CPU beside the job' if load else ', quiet'})")
     peers = [p for p in ("gloo", "mpich", "openmpi") if best.get(p)]
     print("| bytes | " + " | ".join(libs) + " | " + " | ".join(f"{p}/hbmcoll" for p in peers) +
           " | hbmcoll bus bandwidth |")
@@ -134,6 +150,25 @@ def table(best, sizes, per_node, rate, ceiling, cpu, rounds):
         print(f"| {size} | " + " | ".join(cells + ratio) + f" | {bus} |")
 
 
+def measure(nodes, per_node, sizes, rate, a):
+    """{library: {size: best us}} over a.rounds rounds, the order rotating."""
+    runs = [("hbmcoll", lambda *x: run_torchrun("hbmcoll", *x)),
+            ("gloo", lambda *x: run_torchrun("gloo", *x)), ("mpich", run_mpich)]
+    if os.path.exists(OMPI_PYTHON):
+        runs.append(("openmpi", run_openmpi))
+    elif per_node == 1 and rate is None:
+        print("Open MPI: not measured (`make openmpi-peer` builds its mpi4py)", file=sys.stderr)
+    if per_node == 1:
+        runs.append(("ring", run_ring))
+    best = {label: {} for label, _ in runs}
+    for rnd in range(a.rounds):
+        for label, fn in runs[rnd % len(runs):] + runs[:rnd % len(runs)]:
+            for size, us in fn(nodes, per_node, sizes, a.seconds).items():
+                best[label][size] = min(us, best[label].get(size, float("inf")))
+        print(f"{per_node}/node, {rate or 'uncapped'}: round {rnd + 1} done", file=sys.stderr)
+    return best
+
+
 def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through NetNodes: no namespace left
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -142,29 +177,18 @@ def main():
     ap.add_argument("--per-node", default="1,2", help="ranks per node, one table each")
     ap.add_argument("--rates", default="none,2gbit", help="tc tbf rate per node link, or none")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per size and library")
+    ap.add_argument("--load", action="store_true", help="a busy process per CPU beside every library")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["make", "-s", "-C", ROOT, "build/net_bench"], check=True)
     cpu = machine.cpu_model()
     for rate in [None if r == "none" else r for r in a.rates.split(",")]:
         with NetNodes(NODES, rate) as nodes:
-            ceiling = link_ceiling(nodes)
-            for per_node in [int(x) for x in a.per_node.split(",")]:
-                runs = [("hbmcoll", lambda *x: run_torchrun("hbmcoll", *x)),
-                        ("gloo", lambda *x: run_torchrun("gloo", *x)), ("mpich", run_mpich)]
-                if os.path.exists(OMPI_PYTHON):
-                    runs.append(("openmpi", run_openmpi))
-                elif per_node == 1 and rate is None:
-                    print("Open MPI: not measured (`make openmpi-peer` builds its mpi4py)", file=sys.stderr)
-                if per_node == 1:
-                    runs.append(("ring", run_ring))
-                best = {label: {} for label, _ in runs}
-                for rnd in range(a.rounds):
-                    for label, fn in runs[rnd % len(runs):] + runs[:rnd % len(runs)]:
-                        for size, us in fn(nodes, per_node, sizes, a.seconds).items():
-                            best[label][size] = min(us, best[label].get(size, float("inf")))
-                    print(f"{per_node}/node, {rate or 'uncapped'}: round {rnd + 1} done", file=sys.stderr)
-                table(best, sizes, per_node, rate, ceiling, cpu, a.rounds)
+            ceiling = link_ceiling(nodes)  # quiet: the link's, not the load's
+            with busy(a.load):
+                for per_node in [int(x) for x in a.per_node.split(",")]:
+                    best = measure(nodes, per_node, sizes, rate, a)
+                    table(best, sizes, per_node, rate, ceiling, cpu, a.rounds, a.load)
 
 
 if __name__ == "__main__":
