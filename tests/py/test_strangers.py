@@ -74,6 +74,17 @@ def _hammer(nodes, stranger, targets, *args):
     return p
 
 
+def _posted(hammer, ranks):
+    """The stranger's lines until it posted STRANGER_OPS (it got through to them), or a rank ended."""
+    seen, until = "", time.monotonic() + 300
+    while f"stranger: {STRANGER_OPS} posted" not in seen and time.monotonic() < until:
+        if any(p.poll() is not None for p in ranks):
+            break
+        if select.select([hammer.stdout], [], [], 0.5)[0]:
+            seen += hammer.stdout.readline()
+    return seen
+
+
 def _stop(p):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
@@ -129,12 +140,7 @@ def test_a_stranger_cannot_touch_an_allreduce_across_nodes(emulated_nodes, stran
         for p in ranks:
             p.stdin.write("go\n")
             p.stdin.flush()
-        seen, until = "", time.monotonic() + 300  # until the stranger got through to them
-        while f"stranger: {STRANGER_OPS} posted" not in seen and time.monotonic() < until:
-            if any(p.poll() is not None for p in ranks):
-                break
-            if select.select([hammer.stdout], [], [], 0.5)[0]:
-                seen += hammer.stdout.readline()
+        seen = _posted(hammer, ranks)
         early = [i for i, p in enumerate(ranks) if p.poll() is not None]
         if not early:
             ranks[0].stdin.write("stop\n")
@@ -267,12 +273,7 @@ def test_a_stranger_cannot_reach_send_recv_across_nodes(emulated_nodes, stranger
         targets = [f"{nodes.addrs[i]}:{q}" for i in range(2) for q in _ports(nodes, i, [])]
         hammer = _hammer(nodes, stranger, targets, "--tagged")
         open(flag + ".go", "w").close()
-        seen, until = "", time.monotonic() + 300  # until the stranger got through to them
-        while f"stranger: {STRANGER_OPS} posted" not in seen and time.monotonic() < until:
-            if any(p.poll() is not None for p in ranks):
-                break
-            if select.select([hammer.stdout], [], [], 0.5)[0]:
-                seen += hammer.stdout.readline()
+        seen = _posted(hammer, ranks)
         open(flag + ".stop", "w").close()
         res = netnodes.finish(ranks, 120)
     finally:
