@@ -192,10 +192,15 @@ int coll__tagged_cancel(coll__tagged_t *t, coll__tagged_op_t *op) {
 static void tagged_stranger(coll__tagged_t *t, coll__tagged_op_t *op) {
   if (t->dropped++ == 0)
     fprintf(stderr, "hbmcoll: a point-to-point message from no rank of the communicator was dropped (%s)\n", t->line);
-  while (fi_trecv(t->ep, op->buf, op->len, NULL, op->from < 0 ? FI_ADDR_UNSPEC : t->peers[op->from], op->want,
-                  op->ignore, op) == -FI_EAGAIN) {
+  ssize_t rc;
+  while ((rc = fi_trecv(t->ep, op->buf, op->len, NULL, op->from < 0 ? FI_ADDR_UNSPEC : t->peers[op->from], op->want,
+                        op->ignore, op)) == -FI_EAGAIN) {
     struct fi_cq_tagged_entry e;
     (void)fi_cq_read(t->cq, &e, 0);
+  }
+  if (rc != 0) { /* not posted again: the receive ends with the provider's failure */
+    op->rc = coll__net_broken((int)-rc) ? COLL_EPEERLOST : (int)rc;
+    op->done = 1;
   }
 }
 
@@ -259,6 +264,8 @@ int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double mos
   return coll__net_waiter_idle(&t->waiter, since, until, most_s, watch_fd, NULL, 0);
 }
 
+void coll__tagged_signal(coll__tagged_t *t) { (void)fi_cq_signal(t->cq); }
+
 #else /* built without libfabric's headers */
 int coll__tagged_open(const char *iface, int family, coll__tagged_t **t_p, char *err, size_t errlen) {
   (void)iface, (void)family, (void)t_p;
@@ -287,4 +294,5 @@ int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double mos
   return (void)t, (void)since, (void)until, (void)most_s, (void)watch_fd, 1;
 }
 const char *coll__tagged_describe(const coll__tagged_t *t) { return (void)t, "no point-to-point between nodes"; }
+void coll__tagged_signal(coll__tagged_t *t) { (void)t; }
 #endif /* COLL_NET_OFI */

@@ -60,6 +60,8 @@ int coll__tagged_poll(coll__tagged_t *t, char *err, size_t errlen);
 /* After an empty poll: spin a little, then block until a completion may be there, watch_fd (>= 0)
  * closes, `until` or most_s passes (net_wait.h). 2 when watch_fd closed, else 0 or 1. */
 int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd);
+/* Wake the threads blocked in coll__tagged_idle (one thread read completions another waits for). */
+void coll__tagged_signal(coll__tagged_t *t);
 /* One phrase: the provider and interface. */
 const char *coll__tagged_describe(const coll__tagged_t *t);
 

@@ -20,7 +20,10 @@
  * fails the communicator. Sends are posted in call order; the provider's "try again" queues them.
  *
  * Lifetime as in p2p.c: the state counts the communicator and the requests not yet freed; at
- * coll_comm_free pending requests end with COLL_EABORTED and the endpoint closes.
+ * coll_comm_free pending requests end with COLL_EABORTED and the endpoint closes. Operations live
+ * on the heap, blocking calls' too: one given up while the provider still holds it (a send when
+ * the communicator failed) is kept until its completion comes or the endpoint closes, as the
+ * provider writes its completion into it.
  */
 #include <errno.h>
 #include <math.h>
@@ -54,6 +57,7 @@ struct sp_op {
   coll__span_p2p_t *p;
   sp_op_t *lprev, *lnext; /* unfinished requests */
   sp_op_t *qnext;         /* waiting to be posted */
+  sp_op_t *onext;         /* orphans: given up while the provider still holds them */
 };
 
 struct coll__span_p2p {
@@ -67,6 +71,7 @@ struct coll__span_p2p {
   int refs, inside;
   sp_op_t *live;
   sp_op_t *qhead, *qtail;
+  sp_op_t *orphans; /* freed once their completion came, or the endpoint closed */
 };
 
 typedef struct {
@@ -117,7 +122,7 @@ int coll__span_p2p_open(coll_comm_t *c, coll__span_p2p_t **p_p, char *err, size_
       p->rc = all[r].rc;
       snprintf(p->why, sizeof p->why, "rank %d has no point-to-point endpoint: %.*s", r, (int)sizeof all[r].error,
                all[r].error);
-    } else {
+    } else if (p->ep) { /* else this rank's own failure comes at r == rank */
       char text[COLL__NODES_TEXT - 48];
       if ((p->rc = coll__tagged_add(p->ep, all[r].card, all[r].len, text, sizeof text)) != 0)
         snprintf(p->why, sizeof p->why, "rank %d's point-to-point address: %s", r, text);
@@ -150,13 +155,16 @@ static void sp_finish(coll__span_p2p_t *p, sp_op_t *op, int result) {
   sp_live_remove(p, op);
 }
 
-/* Done? Takes what the provider said once it said it. */
-static int sp_settled(sp_op_t *op) {
-  if (op->done || !op->t.done) return op->done;
-  if (!op->send && (op->t.rc == 0 || op->t.rc == COLL_EMISMATCH))
-    op->status = (coll_status_t){.source = op->t.source, .tag = (int)(op->t.tag & 0x7fffffff), .bytes = op->t.bytes};
-  sp_finish(op->p, op, op->t.rc);
-  return 1;
+/* An operation its caller is done with: freed, unless the provider still holds it (posted, no
+ * completion yet: a send or receive given up when the communicator failed), whose completion
+ * would write into it; then it waits among the orphans. */
+static void sp_release(coll__span_p2p_t *p, sp_op_t *op) {
+  if (op->posted && !op->t.done && p->ep) {
+    op->onext = p->orphans;
+    p->orphans = op;
+  } else {
+    free(op);
+  }
 }
 
 /* The communicator's failure (a lost node or rank, any failed call), 0 while it goes on. */
@@ -170,6 +178,20 @@ static int sp_fail(coll__span_p2p_t *p, int code, const char *fmt, const char *w
   snprintf(text, sizeof text, fmt, p->c->rank, what);
   coll__span_fail(p->c, code, text);
   return code;
+}
+
+/* Done? Takes what the provider said once it said it. An operation that failed (a connection that
+ * broke) fails the communicator, as a failed collective does. */
+static int sp_settled(sp_op_t *op) {
+  if (op->done || !op->t.done) return op->done;
+  int rc = op->t.rc;
+  if (!op->send && (rc == 0 || rc == COLL_EMISMATCH))
+    op->status = (coll_status_t){.source = op->t.source, .tag = (int)(op->t.tag & 0x7fffffff), .bytes = op->t.bytes};
+  if (rc != 0 && rc != COLL_EMISMATCH && rc != -ECANCELED && op->p->c && sp_failed(op->p) == 0)
+    sp_fail(op->p, rc, "rank %d: a point-to-point operation between nodes failed (%s); the communicator is closed",
+            coll_strerror(rc));
+  sp_finish(op->p, op, rc);
+  return 1;
 }
 
 /* Post op now: 0, -EAGAIN, or a failure (which fails the communicator). */
@@ -188,7 +210,14 @@ static int sp_post(coll__span_p2p_t *p, sp_op_t *op) {
 static int sp_progress(coll__span_p2p_t *p) {
   char err[COLL__NODES_TEXT] = "";
   int rc = coll__tagged_poll(p->ep, err, sizeof err);
+  for (sp_op_t **at = &p->orphans; *at;) { /* what the provider is done with now */
+    sp_op_t *o = *at;
+    if (o->t.done) *at = o->onext, free(o);
+    else at = &o->onext;
+  }
   if (rc < 0) return sp_fail(p, rc, "rank %d: point-to-point between nodes failed: %s", err);
+  if (rc > 0 && p->inside > 1) coll__tagged_signal(p->ep); /* another waiter's may be among them */
+  if ((rc = sp_failed(p)) != 0) return rc; /* nothing more is posted on a failed communicator */
   while (p->qhead) {
     if ((rc = sp_post(p, p->qhead)) == -EAGAIN) return 0;
     if (rc) return rc;
@@ -245,8 +274,16 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
     if (now >= until) rc = -ETIMEDOUT;
     else if (now >= next_check) {
       next_check = now + SP_SLICE_S;
-      if (blocking && node->interrupt_fn && node->interrupt_fn(node->interrupt_arg)) rc = COLL_EINTERRUPTED;
-      else rc = sp_check_peer(p, op);
+      coll_interrupt_fn fn = blocking ? node->interrupt_fn : NULL;
+      void *arg = node->interrupt_arg;
+      if (fn) { /* without the lock: Python's takes the GIL, which a caller of ours may hold */
+        pthread_mutex_unlock(&p->lock);
+        int stop = fn(arg);
+        pthread_mutex_lock(&p->lock);
+        if (p->c == NULL) rc = COLL_EABORTED;
+        else if (stop) rc = COLL_EINTERRUPTED;
+      }
+      if (rc == 0 && !sp_settled(op)) rc = sp_check_peer(p, op);
     }
     if (rc) break;
     if (now < spin_until) {
@@ -289,7 +326,9 @@ static int sp_give_up(coll__span_p2p_t *p, sp_op_t *op, int rc) {
       char err[COLL__NODES_TEXT];
       if (coll__tagged_poll(p->ep, err, sizeof err) < 0) break;
     }
-    if (op->t.done && op->t.rc != -ECANCELED) return sp_settled(op), op->result;
+    if (!op->t.done && rc != COLL_EINTERRUPTED && p->c && sp_failed(p) == 0) /* matched: being filled */
+      (void)sp_wait(p, op, sp_until(p->c, -1), 1);
+    if (op->t.done && op->t.rc != -ECANCELED) return sp_settled(op), op->result; /* taken after all */
     if (op->t.done) {
       sp_finish(p, op, rc);
       return rc;
@@ -319,12 +358,18 @@ static int sp_check(coll_comm_t *c, const void *buf, size_t bytes, int peer, int
   return 0;
 }
 
-static int sp_block(coll__span_p2p_t *p, sp_op_t *op) {
+/* A blocking call: its operation on the heap, as it may outlive the call (sp_release). */
+static int sp_block(coll__span_p2p_t *p, const sp_op_t *tmpl, coll_status_t *status_p) {
+  sp_op_t *op = malloc(sizeof *op);
+  if (op == NULL) return -ENOMEM;
+  *op = *tmpl;
   pthread_mutex_lock(&p->lock);
   op->p = p;
   int rc = p->c ? sp_enqueue(p, op) : COLL_EABORTED;
   if (rc == 0) rc = sp_wait(p, op, sp_until(p->c, -1), 1);
   rc = rc == 0 ? op->result : sp_give_up(p, op, rc);
+  if ((rc == 0 || rc == COLL_EMISMATCH) && status_p) *status_p = op->status;
+  sp_release(p, op);
   pthread_mutex_unlock(&p->lock);
   return rc;
 }
@@ -334,7 +379,7 @@ int coll__span_send(coll_comm_t *c, const void *buf, size_t bytes, int dest, int
   int rc = sp_check(c, buf, bytes, dest, tag, 0, &p);
   if (rc) return rc;
   sp_op_t op = {.send = 1, .peer = dest, .tag = tag, .buf = buf, .bytes = bytes};
-  return sp_block(p, &op);
+  return sp_block(p, &op, NULL);
 }
 
 int coll__span_recv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag, coll_status_t *status_p) {
@@ -342,9 +387,7 @@ int coll__span_recv(coll_comm_t *c, void *buf, size_t bytes, int source, int tag
   int rc = sp_check(c, buf, bytes, source, tag, 1, &p);
   if (rc) return rc;
   sp_op_t op = {.peer = source, .tag = tag, .buf = buf, .bytes = bytes};
-  rc = sp_block(p, &op);
-  if ((rc == 0 || rc == COLL_EMISMATCH) && status_p) *status_p = op.status;
-  return rc;
+  return sp_block(p, &op, status_p);
 }
 
 /* ---- requests ---- */
@@ -364,8 +407,8 @@ static int sp_req_test(void *opv, int *result_p) {
   coll__span_p2p_t *p = op->p;
   pthread_mutex_lock(&p->lock);
   if (!sp_settled(op) && p->c) {
-    int rc = sp_progress(p);
-    if (rc == 0) rc = sp_failed(p);
+    int rc = sp_failed(p);
+    if (rc == 0) rc = sp_progress(p);
     if (rc && !sp_settled(op)) sp_give_up(p, op, rc);
   }
   int done = sp_settled(op);
@@ -416,7 +459,7 @@ static void sp_req_free(void *opv) {
     int rc = p->c ? sp_wait(p, op, sp_until(p->c, -1), 1) : COLL_EABORTED;
     if (rc && rc != -ETIMEDOUT) sp_give_up(p, op, rc);
   }
-  free(op);
+  sp_release(p, op);
   sp_unref(p);
 }
 
@@ -467,13 +510,16 @@ int coll__span_irecv(coll_comm_t *c, void *buf, size_t bytes, int source, int ta
 void coll__span_p2p_close(coll__span_p2p_t *p) {
   if (p == NULL) return;
   pthread_mutex_lock(&p->lock);
-  coll_comm_t *c = p->c;
   p->c = NULL; /* waiters leave within a slice */
   while (p->inside > 0) pthread_cond_wait(&p->idle, &p->lock);
-  (void)c;
   while (p->live) sp_finish(p, p->live, COLL_EABORTED);
   p->qhead = p->qtail = NULL;
   coll__tagged_close(p->ep); /* what was in flight is dropped: no buffer is touched after this */
   p->ep = NULL;
+  while (p->orphans) {
+    sp_op_t *o = p->orphans;
+    p->orphans = o->onext;
+    free(o);
+  }
   sp_unref(p);
 }

@@ -235,9 +235,15 @@ static int p2p_wait(coll__p2p_t *p, coll__p2p_op_t *op, double until, int blocki
     if (rc || now < next_check) continue;
     next_check = now + P2P_CHECK_S;
     if ((rc = p2p_check_peer(p, op)) != 0) break;
-    if (blocking && c->interrupt_fn && c->interrupt_fn(c->interrupt_arg)) {
-      rc = COLL_EINTERRUPTED;
-      break;
+    if (blocking && c->interrupt_fn) { /* without the lock: Python's takes the GIL, which a caller may hold */
+      coll_interrupt_fn fn = c->interrupt_fn;
+      void *arg = c->interrupt_arg;
+      pthread_mutex_unlock(&p->lock);
+      int stop = fn(arg);
+      pthread_mutex_lock(&p->lock);
+      if (p->c == NULL) rc = COLL_EABORTED;
+      else if (stop && !p2p_done(op)) rc = COLL_EINTERRUPTED;
+      if (rc || p2p_done(op)) break;
     }
     if (now >= next_ask) { /* 20 ms, then less and less often: a long wait costs its peers little */
       p2p_ask_peers(p, op);

@@ -11,7 +11,8 @@
  *  - a receive nothing matches: -ETIMEDOUT from coll_req_wait, withdrawn by coll_req_cancel, and the
  *    message sent later goes to the next receive; 200 started sends and receives in flight at once;
  *  - a rank killed (SIGKILL) while the others wait to receive from it, its node mate in no call at all:
- *    COLL_EPEERLOST on both nodes, at once (not at the mate's next call);
+ *    COLL_EPEERLOST on both nodes, at once (not at the mate's next call); a 4 MiB isend to it is given up
+ *    (its request freed while the provider may still hold it) and the next receive fails at once;
  *  - a split across the nodes has point-to-point of its own (its ranks, its messages).
  * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
  */
@@ -173,8 +174,20 @@ static int job_killed(coll_comm_t *c, int rank) {
   if (rank == 2) { /* its node mate: in no call while the others wait (the watch's guard notices) */
     sleep(6);
     rc = barrier(c);
-  } else {
+  } else { /* a large send to it stays with the provider; given up, it must not be written to once freed */
+    size_t n = 4u << 20;
+    char *big = calloc(n, 1);
+    coll_req_t *s = NULL;
+    int src = coll_isend(c, big, n, 3, 2, &s);
     rc = coll_recv(c, &v, 4, 3, 1, NULL);
+    int sent = src ? src : coll_req_wait(s, -1);
+    coll_req_free(s);
+    int32_t w = 0;
+    int after = coll_recv(c, &w, 4, COLL_ANY_SOURCE, 5, NULL); /* the communicator failed: at once */
+    free(big);
+    if (sent == 0 || after != COLL_EPEERLOST)
+      return fprintf(stderr, "rank %d: the send to the killed rank: %s, a receive after: %s\n", rank,
+                     coll_err_name(sent), coll_err_name(after)), 1;
   }
   if (rc != COLL_EPEERLOST) return say(rank, "a receive from the killed rank", rc, c);
   const char *text = "";

@@ -219,8 +219,14 @@ class NodesCommunicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         for child in list(self._children):
             child.close()
         self._closed = True
-        if self._pc is not None:
-            self._pc.close()  # before the layer it borrows
+        pc = self._pc
+        try:
+            if pc is not None:
+                pc.close()  # before the layer it borrows (Ctrl-C here still closes the rest)
+        finally:
+            self._close_parts()
+
+    def _close_parts(self):
         self._hier.close()  # after the calls started (queued ones end), before the endpoint of its ring
         if self._parent is not None:  # its endpoint closes with the parent's, after the goodbye
             self._parent._children.remove(self)
