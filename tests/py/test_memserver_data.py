@@ -251,11 +251,13 @@ def test_10_a_writer_stopped_mid_write_blocks_no_reader(servers):
 
 
 RESTARTED = r"""
-import sys, numpy as np, hbmcoll
+import os, sys, numpy as np, hbmcoll
 rb = hbmcoll.RemoteBuffer("r11", (4,), "int32", servers=addrs)
 rb.write(np.full(4, 5, np.int32))
 print("wrote", flush=True)
 sys.stdin.readline()  # the server restarts meanwhile
+if os.environ["ORDER"] == "new first":  # the idle connection it would reuse is the old server's
+    print("new read:", hbmcoll.RemoteBuffer("r11", (4,), "int32", servers=addrs).read().tolist(), flush=True)
 for _ in range(2):
     try:
         print("old read:", rb.read().tolist(), flush=True)
@@ -268,7 +270,8 @@ print("new read:", fresh.read().tolist())
 """
 
 
-def test_11_a_client_reaches_a_restarted_server(tmp_path):
+@pytest.mark.parametrize("order", ["old first", "new first"])
+def test_11_a_client_reaches_a_restarted_server(tmp_path, order):
     write_token(tmp_path / "token")
     addr = f"127.0.0.1:{_free_port()}"
     argv = [sys.executable, "-m", "hbmcoll.memserver", "--listen", addr, "--token-file", str(tmp_path / "token"),
@@ -277,7 +280,7 @@ def test_11_a_client_reaches_a_restarted_server(tmp_path):
     client = None
     try:
         assert "bytes for buffers" in server.stderr.readline()
-        client = _client(RESTARTED, addr)
+        client = _client(RESTARTED, addr, ORDER=order)
         assert client.stdout.readline().strip() == "wrote"
         server.kill()
         server.wait()
@@ -286,6 +289,8 @@ def test_11_a_client_reaches_a_restarted_server(tmp_path):
         client.stdin.write("go\n")
         client.stdin.flush()
         out = _finish(client).splitlines()
+        if order == "new first":
+            assert out.pop(0) == "new read: [0, 0, 0, 0]", out
         assert all(line.startswith("old: PeerLostError") for line in out[:2]), out
         assert "gone" in out[1], out
         assert out[2:] == ["new read: [0, 0, 0, 0]", "new read: [6, 6, 6, 6]"], out

@@ -26,6 +26,7 @@ import hmac
 import itertools
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -153,6 +154,21 @@ class _Connection:
             if _connections.get((self.addr, self.token)) is self:
                 del _connections[self.addr, self.token]
 
+    def hung_up(self):
+        """Whether the server closed this idle connection (it stopped, or restarted at the same
+        address): an idle control socket has nothing to read but the server's goodbye or its end
+        of file. One in an exchange is live enough; that exchange finds out."""
+        if self.dead or not self.ctl_lock.acquire(blocking=False):
+            return self.dead
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            readable = True
+        finally:
+            self.ctl_lock.release()
+        self.dead = bool(readable)  # (the caller holds _connections_lock, and replaces it)
+        return self.dead
+
     def control(self, msg, timeout=None, until_key=None):
         """Send msg; the answer (the first that has until_key, when given: the others are dropped)."""
         with self.ctl_lock:
@@ -265,7 +281,7 @@ def _refusal(addr, status):
 def _connection(addr, token, timeout):
     with _connections_lock:
         conn = _connections.get((addr, token))
-        if conn is None or conn.dead:
+        if conn is None or conn.hung_up():
             conn = _connections[addr, token] = _Connection(addr, token, timeout)
         return conn
 
