@@ -62,7 +62,8 @@ PyObject *hb_comm_raise(hb_comm_t *self, int rc) {
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   const char *text = NULL;
   int code = coll_comm_error(self->comm, &text);
-  return hb_raise(self->state, rc, code == rc ? text : NULL);
+  /* code 0: the communicator goes on (across nodes, after a disagreement), with the sentence */
+  return hb_raise(self->state, rc, code == rc || (code == 0 && text && *text) ? text : NULL);
 }
 
 /* ---- Comm ---------------------------------------------------------------- */
@@ -145,7 +146,6 @@ static void comm_dealloc(hb_comm_t *self) {
   coll_comm_free(self->kept);
   self->kept = NULL;
   Py_CLEAR(self->placement);
-  Py_CLEAR(self->keep);
   hb_comm_lock_destroy(self);
   tp->tp_free(self);
   Py_DECREF(tp);
@@ -154,7 +154,6 @@ static void comm_dealloc(hb_comm_t *self) {
 static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(self->placement);
-  Py_VISIT(self->keep);
   return 0;
 }
 
@@ -248,7 +247,7 @@ static PyObject *comm_start(hb_comm_t *self, PyObject *const *args, Py_ssize_t n
   return result;
 }
 
-PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread, PyObject *keep) {
+PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread) {
   hb_comm_t *obj = (hb_comm_t *)st->CommType->tp_alloc(st->CommType, 0);
   if (obj == NULL) {
     coll_comm_free(c);
@@ -260,7 +259,6 @@ PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int 
   obj->any_thread = any_thread;
   obj->comm = c;
   obj->placement = Py_XNewRef(placement);
-  obj->keep = Py_XNewRef(keep);
   return (PyObject *)obj;
 }
 
@@ -288,7 +286,7 @@ static PyObject *comm_split(hb_comm_t *self, PyObject *args) {
   } else if (sub == NULL) {
     result = Py_NewRef(Py_None);
   } else {
-    result = hb_comm_wrap(self->state, sub, self->placement, self->any_thread, NULL);
+    result = hb_comm_wrap(self->state, sub, self->placement, self->any_thread);
   }
   hb_comm_unlock(self);
   return result;
@@ -404,6 +402,8 @@ static PyMethodDef comm_methods[] = {
      "make the calling thread the one that issues collectives"},
     {"allow_any_thread", (PyCFunction)comm_allow_any_thread, METH_NOARGS,
      "let every thread issue collectives (the caller keeps their order the same on all ranks)"},
+    {"span", (PyCFunction)hb_comm_span, METH_NOARGS,
+     "span() -> (node, nodes, rings, node_of, local_of, bridge) across nodes, else None"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef comm_getset[] = {
@@ -452,6 +452,8 @@ static PyMethodDef hb_functions[] = {
      "numa_report(topology=None, ranks=0, memory=None, bind=None, json=True, tree=False) -> str"},
     {"policy_words", hb_policy_words, METH_NOARGS, "policy_words() -> {'memory': (...), 'bind': (...)}"},
     {"variables", hb_variables, METH_NOARGS, "variables() -> ({'name', 'scope', 'meaning', 'default'}, ...)"},
+    {"join_nodes", (PyCFunction)(void (*)(void))hb_join_nodes, METH_VARARGS | METH_KEYWORDS,
+     "join_nodes(node, rank, size, name, secret, addr, ports, listener, iface, family, timeout, wait) -> Comm"},
     {"axpy", hb_axpy, METH_VARARGS, "axpy(y, x, alpha, dtype): y += alpha * x over raw bytes of dtype (a name), without the GIL"},
     {NULL, NULL, 0, NULL}};
 
@@ -468,15 +470,14 @@ static int hb_exec(PyObject *m) {
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
   st->PoolMemoryType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_pool_memory_spec, NULL);
   st->MemServeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_memserve_spec, NULL);
-  st->HierType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_hier_spec, NULL);
   if (!st->CommType || !st->RequestType || !st->P2PRequestType || !st->ArenaBufferType || !st->PlacementType ||
-      !st->BridgeType || !st->PoolMemoryType || !st->MemServeType || !st->HierType)
+      !st->BridgeType || !st->PoolMemoryType || !st->MemServeType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
       PyModule_AddType(m, st->P2PRequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
       PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0 ||
-      PyModule_AddType(m, st->MemServeType) < 0 || PyModule_AddType(m, st->HierType) < 0)
+      PyModule_AddType(m, st->MemServeType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -499,7 +500,6 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->BridgeType);
   Py_VISIT(st->PoolMemoryType);
   Py_VISIT(st->MemServeType);
-  Py_VISIT(st->HierType);
   return 0;
 }
 
@@ -514,7 +514,6 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->BridgeType);
   Py_CLEAR(st->PoolMemoryType);
   Py_CLEAR(st->MemServeType);
-  Py_CLEAR(st->HierType);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 /*
  * args.c - a collective's arguments from Python objects: the buffers held for the call, and
  * their shapes checked against the collective's (count = elements per rank's contribution), for
- * the node's communicator (_core.c) and the job's across nodes (hier.c) alike.
+ * every communicator (_core.c), on one node or across nodes.
  */
 #include "core.h"
 

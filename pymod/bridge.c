@@ -1,13 +1,11 @@
 /*
- * bridge.c - hbmcoll._core.Bridge: this rank's endpoint of the bridge between nodes
- * (libcoll/src/net.h) and the ring it joins (net_ring.h), for the node layer in Python
- * (hbmcoll/nodes/), which swaps the cards and keeps the connections that are watched.
+ * bridge.c - hbmcoll._core.Bridge: an endpoint of the bridge between nodes (libcoll/src/net.h) for
+ * the memory servers and their clients (hbmcoll/memserver/), which swap the cards themselves.
  *
  *   b = Bridge(iface=None, pool_bytes=4 << 20, pool=None)   # opens the endpoint (loads libfabric);
  *                                    # pool: a writable buffer to register instead (kept until close)
  *   b.describe() -> str; b.card() -> bytes; b.add_peer(card) -> int
- *   b.watch(fd, what); b.ring(n, me, left, right); b.allreduce(buf, op, timeout=0)
- *   b.allgather(buf, timeout=0)
+ *   b.watch(fd, what)
  *   b.pool() -> memoryview; b.write(peer, frm, to, length, note, timeout=0)   # the raw calls
  *   b.poll(timeout) -> note or None; b.flush(timeout=0)                       # (memory servers)
  *   b.dropped() -> int: notes refused (from no peer of this endpoint)
@@ -23,12 +21,10 @@
 #include <time.h>
 
 #include "net.h"
-#include "net_ring.h"
 
 typedef struct {
   PyObject_HEAD
   coll__net_t *net;
-  coll__net_ring_t *ring;
   int busy;
   Py_buffer pool; /* the caller's pool (pool.obj NULL: the endpoint's own) */
 } hb_bridge_t;
@@ -72,9 +68,8 @@ static PyObject *bridge_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 }
 
 static void bridge_free_parts(hb_bridge_t *self) {
-  coll__net_ring_free(self->ring);
   coll__net_close(self->net);
-  self->ring = NULL, self->net = NULL;
+  self->net = NULL;
   if (self->pool.obj) PyBuffer_Release(&self->pool); /* after the endpoint let go of it */
 }
 
@@ -102,17 +97,6 @@ static int bridge_usable(hb_bridge_t *self) {
   return 1;
 }
 
-/* For the layer across nodes (hier.c): the ring, with the bridge marked busy until
- * hb_bridge_give; NULL with an exception when closed, in use, or without a ring. */
-struct coll__net_ring *hb_bridge_take(PyObject *bridge) {
-  hb_bridge_t *self = (hb_bridge_t *)bridge;
-  if (!bridge_usable(self)) return NULL;
-  if (self->ring == NULL) return (struct coll__net_ring *)hb_bad_arg("the bridge has no ring yet");
-  self->busy = 1;
-  return self->ring;
-}
-
-void hb_bridge_give(PyObject *bridge) { ((hb_bridge_t *)bridge)->busy = 0; }
 
 static PyObject *bridge_describe(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
@@ -147,118 +131,6 @@ static PyObject *bridge_watch(hb_bridge_t *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *bridge_ring(hb_bridge_t *self, PyObject *args) {
-  int n, me, left, right;
-  if (!PyArg_ParseTuple(args, "iiii", &n, &me, &left, &right) || !bridge_usable(self)) return NULL;
-  coll__net_ring_t *ring = NULL;
-  int rc = coll__net_ring_make(self->net, n, me, left, right, &ring);
-  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, NULL);
-  coll__net_ring_free(self->ring);
-  self->ring = ring;
-  Py_RETURN_NONE;
-}
-
-static PyObject *bridge_reach(hb_bridge_t *self, PyObject *args) {
-  int member, peer;
-  if (!PyArg_ParseTuple(args, "ii", &member, &peer) || !bridge_usable(self)) return NULL;
-  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
-  int rc = coll__net_ring_reach(self->ring, member, peer);
-  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, "reach: no such member of the ring");
-  Py_RETURN_NONE;
-}
-
-enum { BRIDGE_ALLREDUCE, BRIDGE_ALLGATHER, BRIDGE_REDUCE_SCATTER };
-
-/* allreduce(buf, op, timeout=0): in place over the ring's members; op a _core op code.
- * reduce_scatter(buf, op, timeout=0): the same for this member's segment of buf only.
- * allgather(buf, timeout=0): buf holds one block per member, this member's at its number. */
-static PyObject *bridge_run(hb_bridge_t *self, PyObject *args, PyObject *kw, int kind) {
-  int gather = kind == BRIDGE_ALLGATHER;
-  static char *reduce_names[] = {"buf", "op", "timeout", NULL}, *gather_names[] = {"buf", "timeout", NULL};
-  PyObject *obj;
-  int op = 0;
-  double timeout = 0;
-  int ok = gather ? PyArg_ParseTupleAndKeywords(args, kw, "O|d", gather_names, &obj, &timeout)
-                  : PyArg_ParseTupleAndKeywords(args, kw, "Oi|d", reduce_names, &obj, &op, &timeout);
-  if (!ok || !bridge_usable(self)) return NULL;
-  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
-  hb_buf_t b;
-  if (hb_buf_get(obj, 1, "buf", &b) != 0) return NULL;
-  size_t n = (size_t)coll__net_ring_members(self->ring);
-  if (gather && b.nbytes % n) {
-    hb_buf_release(&b);
-    return hb_bad_arg("allgather: the buffer's size is not a multiple of the ring's members");
-  }
-  char err[320] = "";
-  int rc;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS
-  if (gather)
-    rc = coll__net_ring_allgather(self->ring, b.ptr, b.nbytes / n, timeout, err, sizeof err);
-  else
-    rc = (kind == BRIDGE_ALLREDUCE ? coll__net_ring_allreduce : coll__net_ring_reduce_scatter)(
-        self->ring, b.dtype, (coll_op_t)op, b.ptr, b.nbytes / coll_dtype_size(b.dtype), timeout, err, sizeof err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  hb_buf_release(&b);
-  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
-  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
-  Py_RETURN_NONE;
-}
-
-static PyObject *bridge_allreduce(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  return bridge_run(self, args, kw, BRIDGE_ALLREDUCE);
-}
-
-static PyObject *bridge_reduce_scatter(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  return bridge_run(self, args, kw, BRIDGE_REDUCE_SCATTER);
-}
-
-static PyObject *bridge_allgather(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  return bridge_run(self, args, kw, BRIDGE_ALLGATHER);
-}
-
-/* shift(j, src, dst, timeout=0): src to member me + j, member me - j's into dst (same sizes on
- * every member), the pairwise step of an alltoall. */
-static PyObject *bridge_shift(hb_bridge_t *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"j", "src", "dst", "timeout", NULL};
-  PyObject *so, *dobj;
-  int j;
-  double timeout = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOO|d", names, &j, &so, &dobj, &timeout) || !bridge_usable(self))
-    return NULL;
-  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
-  hb_buf_t src, dst;
-  if (hb_buf_get(so, 0, "src", &src) != 0) return NULL;
-  if (hb_buf_get(dobj, 1, "dst", &dst) != 0) {
-    hb_buf_release(&src);
-    return NULL;
-  }
-  if (src.nbytes != dst.nbytes) {
-    hb_buf_release(&src), hb_buf_release(&dst);
-    return hb_bad_arg("shift: src and dst differ in size");
-  }
-  char err[320] = "";
-  int rc;
-  self->busy = 1;
-  Py_BEGIN_ALLOW_THREADS
-  rc = coll__net_ring_shift(self->ring, j, src.ptr, dst.ptr, src.nbytes, timeout, err, sizeof err);
-  Py_END_ALLOW_THREADS
-  self->busy = 0;
-  hb_buf_release(&src), hb_buf_release(&dst);
-  if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL;
-  if (rc) return hb_raise(bridge_state((PyObject *)self), rc, err[0] ? err : NULL);
-  Py_RETURN_NONE;
-}
-
-static PyObject *bridge_slot_bytes(hb_bridge_t *self, PyObject *unused) {
-  (void)unused;
-  if (!bridge_usable(self)) return NULL;
-  if (self->ring == NULL) return hb_bad_arg("the bridge has no ring yet: call ring() first");
-  return PyLong_FromSize_t(coll__net_ring_slot_bytes(self->ring));
-}
-
-/* The raw calls, for the memory servers and their clients (hbmcoll/memserver/: server.py, client.py). */
 static PyObject *bridge_pool(hb_bridge_t *self, PyObject *unused) {
   (void)unused;
   if (!bridge_usable(self)) return NULL;
@@ -358,18 +230,6 @@ static PyMethodDef bridge_methods[] = {
     {"card", (PyCFunction)bridge_card, METH_NOARGS, "this endpoint's card (bytes) for the other nodes"},
     {"add_peer", (PyCFunction)bridge_add_peer, METH_O, "add_peer(card) -> peer number"},
     {"watch", (PyCFunction)bridge_watch, METH_VARARGS, "watch(fd, what): a closed fd is a lost node"},
-    {"ring", (PyCFunction)bridge_ring, METH_VARARGS, "ring(n, me, left, right)"},
-    {"reach", (PyCFunction)bridge_reach, METH_VARARGS,
-     "reach(member, peer): the ring's member `member` is net peer `peer` (small allgathers in log2 n steps)"},
-    {"allreduce", (PyCFunction)(void (*)(void))bridge_allreduce, METH_VARARGS | METH_KEYWORDS,
-     "allreduce(buf, op, timeout=0): in place over the ring"},
-    {"reduce_scatter", (PyCFunction)(void (*)(void))bridge_reduce_scatter, METH_VARARGS | METH_KEYWORDS,
-     "reduce_scatter(buf, op, timeout=0): in place, this member's segment of buf reduced over the ring"},
-    {"allgather", (PyCFunction)(void (*)(void))bridge_allgather, METH_VARARGS | METH_KEYWORDS,
-     "allgather(buf, timeout=0): buf's blocks, one per member, filled in place"},
-    {"shift", (PyCFunction)(void (*)(void))bridge_shift, METH_VARARGS | METH_KEYWORDS,
-     "shift(j, src, dst, timeout=0): src to member me + j, member me - j's into dst"},
-    {"slot_bytes", (PyCFunction)bridge_slot_bytes, METH_NOARGS, "the bytes one ring transfer carries at most"},
     {"pool", (PyCFunction)bridge_pool, METH_NOARGS, "the registered pool, a writable memoryview"},
     {"write", (PyCFunction)bridge_write, METH_VARARGS,
      "write(peer, frm, to, length, note, timeout=0): my pool's bytes into the peer's, with a 32-bit note"},

@@ -12,7 +12,7 @@
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
   PyTypeObject *CommType, *RequestType, *P2PRequestType, *ArenaBufferType, *PlacementType, *BridgeType,
-      *PoolMemoryType, *MemServeType, *HierType;
+      *PoolMemoryType, *MemServeType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -40,12 +40,11 @@ typedef struct {
   unsigned long owner_thread; /* the only thread that may issue collectives ... */
   int any_thread;             /* ... unless the caller orders them itself (torch backend) */
   atomic_int p2p_users;       /* point-to-point calls in flight (p2p.c: they take no lock) */
-  PyObject *keep;             /* what the communicator borrows from (a Hier's face: the Hier) */
   int p2p_closing;            /* close() waits for them and refuses new ones */
 } hb_comm_t;
 
 /* _core.c: a Comm around c (taken), NULL with an exception (c freed) */
-PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread, PyObject *keep);
+PyObject *hb_comm_wrap(hb_state_t *st, coll_comm_t *c, PyObject *placement, int any_thread);
 
 /* buffer.c */
 int hb_buf_get(PyObject *obj, int writable, const char *name, hb_buf_t *b);
@@ -110,12 +109,10 @@ extern PyType_Spec hb_pool_memory_spec;
 extern PyType_Spec hb_memserve_spec;
 struct coll__net;
 struct coll__net *hb_bridge_net(PyObject *bridge);
-struct coll__net_ring;
-struct coll__net_ring *hb_bridge_take(PyObject *bridge);
-void hb_bridge_give(PyObject *bridge);
-/* hier.c */
-extern PyType_Spec hb_hier_spec;
-double hb_now(void);                /* CLOCK_MONOTONIC, seconds */
+/* join.c: a job across nodes (join_nodes), and who is where on it (Comm.span) */
+PyObject *hb_join_nodes(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *hb_comm_span(hb_comm_t *self, PyObject *unused);
+double hb_now(void);                /* bridge.c: CLOCK_MONOTONIC, seconds */
 coll_dtype_t hb_dtype_named(const char *name); /* COLL_DTYPE_COUNT: no such name */
 PyObject *hb_axpy(PyObject *m, PyObject *args);
 

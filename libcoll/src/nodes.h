@@ -2,9 +2,10 @@
  * nodes.h - a job that spans nodes, from C: the communicator over the node's communicator and the
  * bridge (nodes_comm.c), the rendezvous of the nodes (nodes_meet.c, authenticated with
  * nodes_sha256.c), the connections that notice a lost node (nodes_watch.c), who is where and the
- * rings (nodes_join.c), and the launcher's variables (nodes_env.c). The same steps as the Python
- * package's nodes/rendezvous.py and nodes/layout.py, which stay its own path for now. A split of
- * such a communicator is one too (nodes_split.c).
+ * rings (nodes_join.c), and the launcher's variables (nodes_env.c). The Python package joins
+ * through coll__nodes_join too (pymod/join.c), with the meeting point it reads itself (it may
+ * draw the secret through torchrun's store, or pick the ports of a group). A split of such a
+ * communicator is one too (nodes_split.c).
  */
 #ifndef COLL_NODES_H
 #define COLL_NODES_H
@@ -38,6 +39,9 @@ int coll__nodes_watch_fd(const coll__nodes_watch_t *w);
 /* fn(arg) is called from the watch's thread every 100 ms of quiet (NULL: no more calls; once this
  * returns, none is under way): it ends the communicator when it finds a rank of this node dead. */
 void coll__nodes_watch_guard(coll__nodes_watch_t *w, int (*fn)(void *), void *arg);
+/* 1 and the sentence when a member left before the call this rank is in (what a lost peer in it
+ * means then), else 0. */
+int coll__nodes_watch_why(coll__nodes_watch_t *w, char *err, size_t errlen);
 /* A call begins: 0, or COLL_EPEERLOST with a sentence when a member left before this call. */
 int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen);
 /* Collective: goodbye, and wait (at most timeout_s) for every member's; then close. */
@@ -62,6 +66,8 @@ typedef struct {
   void *warn_arg;
   coll_interrupt_fn interrupt; /* checked while waiting */
   void *interrupt_arg;
+  int listener; /* member 0: a socket the caller listens on already (it stays the caller's), or 0:
+                 * listen at addr:port (the Python package's groups pick their ports this way) */
 } coll__nodes_meet_t;
 /* Member `me` meets the others at addr:port (me == 0 listens there) with secret; its blob goes
  * to everyone. Returns 0, *blobs_p (sorted by member, blob buffers owned by the array: free with
@@ -89,10 +95,6 @@ typedef struct {
   size_t pool_bytes;          /* each endpoint's pool (0: COLL__NODES_POOL), for splits */
   const coll_comm_t *parent;  /* a split's: its watched connection is shared (a duplicate of its
                                * fd), so a failure in either ends both; NULL for the job's own */
-  coll__hier_t *hier;         /* a layer made already (the Python package's, pymod/hier.c): the
-                               * communicator is a face over it for point-to-point, and borrows it and
-                               * every part above (local, net, ring): none is freed with it */
-  int watch_fd;               /* with hier: the layer's watched fd (duplicated), -1 none */
 } coll__span_config_t;
 /* The job's communicator over these parts, which it takes in every case (freed on failure too).
  * Returns 0 and *comm_p, or COLL_EBADARG (a layout that does not add up) / -ENOMEM with a
@@ -110,6 +112,11 @@ int coll__span_family(const coll_comm_t *c);
 size_t coll__span_pool_bytes(const coll_comm_t *c);
 double coll__span_timeout(const coll_comm_t *c);
 int coll__span_node_index(const coll_comm_t *c);
+/* Who is where, for the Python package: this node's number, the nodes, the rings, and for each
+ * rank its node and its rank there ([size] each, the communicator's own); the bridge's line. */
+void coll__span_layout(const coll_comm_t *c, int *node_p, int *nodes_p, int *rings_p, const int **node_of_p,
+                       const int **local_of_p);
+const char *coll__span_describe(const coll_comm_t *c);
 /* Ends c on every rank of every node with this sentence (the layer's failure, hier.c). */
 void coll__span_fail(coll_comm_t *c, int code, const char *text);
 /* What the point-to-point calls take from it (nodes_p2p.c). */
@@ -150,6 +157,11 @@ typedef struct {
   double timeout_s;         /* the rendezvous' limit (<= 0: none) */
   double wait_s;            /* every wait's afterwards (<= 0: none) */
   size_t pool_bytes;        /* each endpoint's registered pool (0: 4 MiB) */
+  const int *ports;         /* NULL, or ring l's port for l < nports (instead of port + l) */
+  int nports;
+  int listener;             /* a socket this rank listens on already for its ring's rendezvous, or 0 */
+  coll_comm_t **node_back;  /* NULL, or where the node's communicator goes back on a failure every
+                             * local rank shares (local rank 0's at the rendezvous), instead of freed */
 } coll__nodes_join_t;
 /* Ring `me` of n members over endpoint net from the members' cards (every member reached, for the
  * small allgather). 0 and *ring_p, or a failure with a sentence in err. */
@@ -158,7 +170,7 @@ int coll__nodes_ring(coll__net_t *net, int n, int me, coll__nodes_blob_t *cards,
 /* This rank's endpoint, its pool in node's arena where it fits (else its own). */
 int coll__nodes_open(coll_comm_t *node, const char *iface, int family, size_t pool_bytes, coll__net_t **net_p,
                      char *err, size_t errlen);
-/* Collective over the node's communicator `node` (taken: freed on failure too): the nodes meet,
+/* Collective over the node's communicator `node` (taken: freed on failure too, but see node_back): the nodes meet,
  * check the layout, build the rings. Returns 0 and *comm_p, or a failure with a sentence in err
  * that names the address, port and node where it applies. */
 int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm_t **comm_p, char *err,

@@ -32,12 +32,12 @@ struct coll__span {
   coll__hier_t *hier;
   coll__span_p2p_t *p2p; /* point-to-point (nodes_p2p.c) */
   int watch_dup;     /* a split's duplicate of its parent's watched fd (closed here), -1 none */
-  int borrowed;      /* the layer and its parts are the caller's (coll__span_config_t.hier) */
   char iface[64];    /* what a split opens its endpoints on ("" the provider's first) */
   int family;
   size_t pool_bytes;
   double timeout_s;
   char text[COLL__NODES_TEXT]; /* the sentence of the last disagreement or bad argument */
+  char why[COLL__NODES_TEXT];  /* what a lost peer meant: a node that left before this call */
 };
 
 /* The fd the layer shuts on a failure and the bridge watches: the rendezvous' or the parent's. */
@@ -50,6 +50,15 @@ int coll__span_family(const coll_comm_t *c) { return c->span->family; }
 size_t coll__span_pool_bytes(const coll_comm_t *c) { return c->span->pool_bytes; }
 double coll__span_timeout(const coll_comm_t *c) { return c->span->timeout_s; }
 int coll__span_node_index(const coll_comm_t *c) { return c->span->hier->cfg.node; }
+void coll__span_layout(const coll_comm_t *c, int *node_p, int *nodes_p, int *rings_p, const int **node_of_p,
+                       const int **local_of_p) {
+  const coll__hier_t *h = c->span->hier;
+  *node_p = h->cfg.node, *nodes_p = h->cfg.nodes, *rings_p = h->cfg.rings;
+  *node_of_p = h->node_of, *local_of_p = h->local_of;
+}
+const char *coll__span_describe(const coll_comm_t *c) {
+  return c->span->net ? coll__net_describe(c->span->net) : "no bridge endpoint (beyond the rings)";
+}
 void coll__span_fail(coll_comm_t *c, int code, const char *text) { coll__hier_fail(c->span->hier, code, text); }
 coll__span_p2p_t *coll__span_p2p(const coll_comm_t *c) { return c->span->p2p; }
 int coll__span_watch(const coll_comm_t *c) { return span_watch_fd(c->span); }
@@ -84,11 +93,6 @@ static int span_guard(void *arg) {
 static void span_parts_free(coll__span_t *s, int graceful) {
   coll__nodes_watch_guard(s->watch, NULL, NULL); /* first: it reads the parts freed below */
   coll__span_p2p_close(s->p2p);
-  if (s->borrowed) {
-    if (s->watch_dup >= 0) close(s->watch_dup);
-    free(s);
-    return;
-  }
   coll__hier_free(s->hier); /* its request engine first: queued requests end with COLL_EABORTED */
   if (graceful) coll__nodes_watch_close(s->watch, 60); /* the other nodes' writes to us completed */
   else coll__nodes_watch_abort(s->watch);
@@ -122,13 +126,10 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
     *s = (coll__span_t){.node = cfg->local, .net = cfg->net, .ring = cfg->ring, .watch = cfg->watch, .watch_dup = -1,
                         .family = cfg->family, .pool_bytes = cfg->pool_bytes, .timeout_s = cfg->timeout_s};
     snprintf(s->iface, sizeof s->iface, "%s", cfg->iface ? cfg->iface : "");
-    s->borrowed = cfg->hier != NULL;
-    int parent_fd = cfg->parent ? span_watch_fd(cfg->parent->span) : cfg->hier ? cfg->watch_fd : -1;
+    int parent_fd = cfg->parent ? span_watch_fd(cfg->parent->span) : -1;
     if (parent_fd >= 0 && (s->watch_dup = fcntl(parent_fd, F_DUPFD_CLOEXEC, 0)) < 0) rc = -errno;
   }
-  if (rc == 0 && cfg->hier) {
-    s->hier = cfg->hier;
-  } else if (rc == 0) {
+  if (rc == 0) {
     coll__hier_config_t h = {.local = cfg->local, .ring = cfg->nodes > 1 ? cfg->ring : NULL, .nodes = cfg->nodes,
                              .node = cfg->node, .rings = cfg->rings, .size = cfg->size, .node_of = cfg->node_of,
                              .local_of = cfg->local_of, .timeout_s = cfg->timeout_s, .watch_fd = span_watch_fd(s)};
@@ -138,7 +139,7 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   }
   if (rc) {
     if (s) span_parts_free(s, 0);
-    else if (!cfg->hier) coll__nodes_watch_abort(cfg->watch), coll__net_ring_free(cfg->ring), coll__net_close(cfg->net),
+    else coll__nodes_watch_abort(cfg->watch), coll__net_ring_free(cfg->ring), coll__net_close(cfg->net),
          coll_comm_free(cfg->local);
     free(c);
     return rc;
@@ -147,8 +148,8 @@ int coll__comm_span(const coll__span_config_t *cfg, coll_comm_t **comm_p, char *
   c->owner_pid = cfg->local->owner_pid, c->owner_epoch = cfg->local->owner_epoch;
   c->params = cfg->local->params;
   c->span = s;
-  if (s->net && !s->borrowed) coll__net_set_interrupt(s->net, cfg->local->interrupt_fn, cfg->local->interrupt_arg);
-  if (s->net && !s->borrowed && span_watch_fd(s) >= 0) coll__net_watch(s->net, span_watch_fd(s), "the job's other nodes");
+  if (s->net) coll__net_set_interrupt(s->net, cfg->local->interrupt_fn, cfg->local->interrupt_arg);
+  if (s->net && span_watch_fd(s) >= 0) coll__net_watch(s->net, span_watch_fd(s), "the job's other nodes");
   coll__nodes_watch_guard(s->watch, span_guard, s);
   if ((rc = coll__span_p2p_open(c, &s->p2p, err, errlen)) != 0) { /* collective: the cards */
     span_parts_free(s, 0);
@@ -231,7 +232,6 @@ int coll__span_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
 }
 
 int coll__span_settle(coll_comm_t *c) {
-  if (c->span->borrowed) return 0; /* the layer's owner settles it */
   /* every call's arguments were met before any data moved: nothing is left unchecked, only the
    * started calls to let finish */
   while (coll__hier_pending(c->span->hier)) {
@@ -244,18 +244,17 @@ int coll__span_settle(coll_comm_t *c) {
 void coll__span_free(coll_comm_t *c) {
   coll__span_t *s = c->span;
   if (coll__forked(c)) { /* the parent's threads are not in this process: release only ours */
-    if (!s->borrowed) coll_comm_free(s->node);
+    coll_comm_free(s->node);
     free(s), free(c);
     return;
   }
-  int failed = !s->borrowed && (coll__hier_failure(s->hier, NULL) != 0 || c->error != 0); /* a borrowed layer
-                                                                                          * may be gone */
+  int failed = coll__hier_failure(s->hier, NULL) != 0 || c->error != 0;
   span_parts_free(s, !failed);
   free(c);
 }
 
 void coll__span_leave(coll_comm_t *c) {
-  if (!c->span->borrowed) coll_comm_leave(c->span->node);
+  coll_comm_leave(c->span->node);
   if (c->error == 0) {
     c->error = COLL_EABORTED;
     snprintf(c->error_text, sizeof c->error_text, "this rank closed the communicator");
@@ -276,6 +275,8 @@ int coll__span_error(const coll_comm_t *c, const char **text_p) {
   int rc = coll__hier_failure(c->span->hier, &text);
   if (rc == 0 && c->error) rc = c->error, text = c->error_text;
   if (rc == 0) text = c->span->text;
+  else if (rc == COLL_EPEERLOST && coll__nodes_watch_why(c->span->watch, c->span->why, sizeof c->span->why))
+    text = c->span->why; /* not "a node went away": it left, as its program ended before this call */
   if (text_p) *text_p = text;
   return rc;
 }
@@ -283,7 +284,6 @@ int coll__span_error(const coll_comm_t *c, const char **text_p) {
 const char *coll__span_algorithm(const coll_comm_t *c) { return coll__hier_algorithm(c->span->hier); }
 
 void coll__span_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg) {
-  if (c->span->borrowed) return; /* the parts' owner set theirs */
   coll_comm_set_interrupt(c->span->node, fn, arg);
   if (c->span->net) coll__net_set_interrupt(c->span->net, fn, arg);
 }

@@ -1,6 +1,6 @@
 /*
- * nodes_join.c - who is on which node, and the bridge's rings between the nodes (nodes/layout.py's
- * find, in C), for coll_job_create:
+ * nodes_join.c - who is on which node, and the bridge's rings between the nodes, for coll_job_create
+ * and the Python package's hbmcoll.init() (pymod/join.c):
  *
  * 1. The node's ranks allgather their ranks in the job over shared memory.
  * 2. Local rank 0 of every node opens a bridge endpoint (its pool in the node's arena where it
@@ -226,6 +226,10 @@ int coll__nodes_open(coll_comm_t *node, const char *iface, int family, size_t po
   return rc;
 }
 
+static int join_port(const coll__nodes_join_t *cfg, int ring) {
+  return cfg->ports && ring < cfg->nports ? cfg->ports[ring] : cfg->port + ring;
+}
+
 int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm_t **comm_p, char *err,
                      size_t errlen) {
   int L = coll_comm_size(node), l = coll_comm_rank(node), size = cfg->size, rc;
@@ -240,7 +244,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   join_layout_t lay = {0};
   coll__nodes_meet_t how = {.who = join_who, .complete = join_complete, .arg = &size, .warn = node->warn_fn,
                             .warn_arg = node->warn_arg, .interrupt = node->interrupt_fn,
-                            .interrupt_arg = node->interrupt_arg};
+                            .interrupt_arg = node->interrupt_arg, .listener = l == 0 ? cfg->listener : 0};
   coll_args_t a = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .count = 1, .send = &me32, .recv = ranks};
   if (ranks == NULL) rc = -ENOMEM, snprintf(err, errlen, "out of memory");
   else if ((rc = coll_run(node, &a)) != 0) snprintf(err, errlen, "the node's ranks could not swap their ranks: %s",
@@ -266,7 +270,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
       }
       /* the node's other ranks wait for this one, bounded by the same time: end a little sooner */
       double first = cfg->timeout_s > 8 ? cfg->timeout_s - 2 : cfg->timeout_s * 3 / 4;
-      rc = coll__nodes_meet(low == 0 ? 0 : low, cfg->addr, cfg->port, cfg->secret, (const uint8_t *)h, hlen, &how,
+      rc = coll__nodes_meet(low == 0 ? 0 : low, cfg->addr, join_port(cfg, 0), cfg->secret, (const uint8_t *)h, hlen, &how,
                             first, &blobs, &nblobs, &watch, err, errlen);
       free(h);
     }
@@ -285,6 +289,7 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   if (join_get(msg) != 0) { /* local rank 0 failed: every local rank says why */
     rc = -(int)join_get(msg);
     if (l != 0) snprintf(err, errlen, "local rank 0 of this node failed to meet the other nodes: %s", (char *)msg + 8);
+    if (cfg->node_back) *cfg->node_back = node, node = NULL; /* every local rank has it, and none waits */
     goto fail_alone;
   }
   if ((rc = join_layout_read(msg, msg_len, size, cfg->rank, &lay)) != 0) {
@@ -304,11 +309,13 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   } else if (l < lay.rings) { /* step 4: ring l's own rendezvous */
     coll__nodes_meet_t ring_how = how;
     ring_how.complete = coll__nodes_members_complete, ring_how.who = coll__nodes_members_who;
-    ring_how.arg = &lay.nodes;
+    ring_how.arg = &lay.nodes, ring_how.listener = cfg->listener;
     rc = coll__nodes_open(node, cfg->iface, cfg->family, cfg->pool_bytes, &net, err, errlen);
     uint8_t card[COLL_NET_CARD_MAX];
+    if (rc == 0 && cfg->ports && l >= cfg->nports)
+      rc = COLL_EBOOTSTRAP, snprintf(err, errlen, "ring %d has no rendezvous port (%d given)", l, cfg->nports);
     if (rc == 0)
-      rc = coll__nodes_meet(lay.node, cfg->addr, cfg->port + l, cfg->secret, card, coll__net_card(net, card),
+      rc = coll__nodes_meet(lay.node, cfg->addr, join_port(cfg, l), cfg->secret, card, coll__net_card(net, card),
                             &ring_how, cfg->timeout_s, &blobs, &nblobs, &watch, err, errlen);
     cards = blobs, ncards = nblobs, blobs = NULL, nblobs = 0;
   }

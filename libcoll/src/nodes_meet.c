@@ -1,5 +1,5 @@
 /*
- * nodes_meet.c - the rendezvous of nodes (nodes/rendezvous.py's exchange, in C): member 0 listens on TCP at
+ * nodes_meet.c - the rendezvous of nodes: member 0 listens on TCP at
  * (addr, port); every other member connects, and both sides prove they hold the job's secret
  * before anything else crosses (HMAC-SHA256 over fresh nonces of both, so neither the secret nor a
  * replayable answer is ever sent). Each member then sends its blob, and once complete() says all
@@ -12,9 +12,9 @@
  *   0 -> k:        nonce_0, HMAC(secret, "server" nonce_k nonce_0)
  *   k -> 0:        HMAC(secret, "client" nonce_0 nonce_k MAGIC k blob), len (u32), blob
  *   0 -> k:        len (u32), then 'O' and every (member u32, len u32, blob), or 'E' and a sentence
- * Integers are big-endian. The handshake is nodes/rendezvous.py's; the magic differs ("HBMC1"), since the
- * blobs of the C nodes are not the Python package's (a C node and a Python node of one job are
- * refused at once instead of misreading each other).
+ * Integers are big-endian. The magic ("HBMC1") changes with the blobs' format, so nodes that cannot
+ * read each other are refused at once instead of misreading each other. Member 0 may be handed a
+ * socket that listens already (how->listener: the Python package's groups pick their own ports).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -488,7 +488,16 @@ int coll__nodes_meet(int me, const char *addr, int port, const char *secret, con
   int srv = -1;
   char where[300];
   coll__addr_join(addr, port, where, sizeof where);
-  if ((rc = meet_listen(addr, port, where, &srv, err, errlen)) != 0) return rc;
+  if (how->listener > 0) {
+    srv = fcntl(how->listener, F_DUPFD_CLOEXEC, 3); /* closed below, as one of its own */
+    if (srv < 0 || fcntl(srv, F_SETFL, fcntl(srv, F_GETFL) | O_NONBLOCK) != 0) {
+      int sys = errno;
+      if (srv >= 0) close(srv);
+      snprintf(err, errlen, "member 0 cannot take its listener at %s: %s", where, strerror(sys));
+      return COLL_EBOOTSTRAP;
+    }
+  } else if ((rc = meet_listen(addr, port, where, &srv, err, errlen)) != 0)
+    return rc;
   meet_serve_t s = {.where = where, .secret = secret, .how = how};
   s.blobs = malloc(sizeof *s.blobs);
   uint8_t *mine = malloc(len + 1);

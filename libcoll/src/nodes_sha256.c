@@ -2,8 +2,7 @@
  * nodes_sha256.c - SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the proofs of the
  * job's secret at the rendezvous of nodes (nodes_meet.c). A small file of its own rather than a
  * dependency on libcrypto: the library links nothing for this one use. Checked against the
- * FIPS and RFC 4231 vectors (tests/c/test_nodes_sha256.c); the proofs are computed as
- * nodes/rendezvous.py computes its own (same parts, same order).
+ * FIPS and RFC 4231 vectors (tests/c/test_nodes_sha256.c).
  */
 #include <string.h>
 

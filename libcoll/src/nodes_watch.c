@@ -1,5 +1,5 @@
 /*
- * nodes_watch.c - the connections of a rendezvous of nodes, kept open after it (nodes/rendezvous.py's Watch):
+ * nodes_watch.c - the connections of a rendezvous of nodes, kept open after it:
  * how a lost node is noticed and how members leave.
  *
  * A thread polls the connections (member 0: one per other member; member k: the one to member 0)
@@ -11,7 +11,7 @@
  * A guard (the communicator's, nodes_comm.c) is asked every 100 ms of quiet whether this node lost a
  * rank: so a death ends the job's communicator on every node even while no rank is in a call.
  *
- * Exit is a message, as in nodes/rendezvous.py: member k says BYE with the number of calls it made; member 0
+ * Exit is a message: member k says BYE with the number of calls it made; member 0
  * tells every member (LEFT, with that number) and, once all said it or were lost, ALL. A member in
  * a later call than one that left will never see it there: its watch fires at once. Messages: 'B'
  * or 'L' and a 64-bit big-endian count; 'A' alone.
@@ -185,10 +185,9 @@ void coll__nodes_watch_guard(coll__nodes_watch_t *w, int (*fn)(void *), void *ar
   pthread_mutex_unlock(&w->lock);
 }
 
-int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen) {
+int coll__nodes_watch_why(coll__nodes_watch_t *w, char *err, size_t errlen) {
   if (w == NULL) return 0;
   pthread_mutex_lock(&w->lock);
-  w->calls++;
   int64_t left = w->left;
   uint64_t calls = w->calls;
   pthread_mutex_unlock(&w->lock);
@@ -196,6 +195,15 @@ int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen) {
   snprintf(err, errlen, "another node's ranks closed the communicator while this rank is in a collective they "
            "never made (%llu more than they did): every rank must make the same collectives",
            (unsigned long long)(calls - (uint64_t)left));
+  return 1;
+}
+
+int coll__nodes_watch_began(coll__nodes_watch_t *w, char *err, size_t errlen) {
+  if (w == NULL) return 0;
+  pthread_mutex_lock(&w->lock);
+  w->calls++;
+  pthread_mutex_unlock(&w->lock);
+  if (!coll__nodes_watch_why(w, err, errlen)) return 0;
   watch_close_theirs(w);
   return COLL_EPEERLOST;
 }

@@ -50,12 +50,13 @@ class Status:
 
 
 class Communicator:
-    """What hbmcoll.init() gives: one node's Communicator, or a NodesCommunicator across
-    nodes; both have every method here."""
+    """What hbmcoll.init() gives, on one node or across nodes (node, nodes say where)."""
     rank: int
     size: int
     local_rank: int
     local_size: int
+    node: int
+    nodes: int
     launcher: str
     cross_rank: int
     cross_size: int

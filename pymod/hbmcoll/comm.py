@@ -5,6 +5,7 @@ collective itself runs in C with the GIL released. Result buffers that the
 caller did not pass (out=None) are made here, of the caller's kind (NumPy
 array, torch tensor, bytearray).
 """
+import atexit
 import hashlib
 
 from . import _core, timeline
@@ -127,12 +128,19 @@ class CPointToPoint:
 
 
 class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
-    """Processes on one node that run collectives together.
+    """Processes that run collectives together, on one node or across nodes.
 
     Every rank must call the same collectives in the same order with matching
     counts, dtypes, ops and roots; if they do not, all get MismatchError.
-    After any failure (MismatchError, PeerLostError, TimeoutError, Ctrl-C)
-    the communicator is closed for good.
+    After any other failure (PeerLostError, TimeoutError, Ctrl-C) the
+    communicator is closed for good; across nodes on every rank of every node.
+
+    Across nodes (libcoll/src/nodes_comm.c) each call runs in C from its arguments
+    to its result: the meeting of every rank's arguments, the node's stages over
+    shared memory and the bridge's rings between the nodes, overlapped in chunks;
+    send/recv go over libfabric tagged messages. node and nodes say where this
+    rank is; close() there is collective (the endpoints outlive the peers' last
+    writes), and runs at exit when the script does not call it.
     """
 
     def __init__(self, core, local_rank=None, local_size=None, launcher="single", placement=None, timeout=None,
@@ -140,6 +148,13 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         self._c = core
         self.rank = core.rank
         self.size = core.size
+        self.node, self.nodes, self._per_node = 0, 1, (self.size,)
+        span = core.span()
+        if span is not None:  # across nodes
+            self.node, self.nodes, _, node_of, local_of, _ = span
+            self._per_node = tuple(node_of.count(i) for i in range(self.nodes))
+            local_rank, local_size = local_of[self.rank], self._per_node[self.node]
+            atexit.register(self.close)  # the goodbye is collective: see close()
         self.local_rank = self.rank if local_rank is None else local_rank
         self.local_size = self.size if local_size is None else local_size
         self.launcher = launcher
@@ -172,7 +187,8 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         return tuple(name for name, k in (("bcast", _BCAST), ("gather", _GATHER)) if kinds >> k & 1)
 
     def __repr__(self):
-        return f"<hbmcoll.Communicator rank {self.rank} of {self.size}>"
+        where = f", node {self.node} of {self.nodes}" if self.nodes > 1 else ""
+        return f"<hbmcoll.Communicator rank {self.rank} of {self.size}{where}>"
 
     # -- helpers ---------------------------------------------------------------
     def _root(self, root):
@@ -379,7 +395,9 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         self._c.bind_thread()
 
     def close(self):
-        """Leave the communicator (its segments go when the last rank has left)."""
+        """Leave the communicator (its segments go when the last rank has left). Across nodes
+        it is collective between the nodes: each waits, at most 60 s, for the others' goodbye."""
+        atexit.unregister(self.close)
         self._c.close()
 
     def abort(self, reason=None):
@@ -395,13 +413,22 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         return self._c.closed
 
     def _transports(self):
+        if self.nodes > 1:
+            return (f"shared memory in the node; between nodes the bridge, {self._c.span()[5]}; "
+                    "send/recv over libfabric tagged messages")
         return ("shared memory" + (f" (single copy for large {' and '.join(self.single_copy)})"
                                    if self.single_copy else "") +
                 "; send/recv over shared memory")
 
-    # Horovod's cross rank and size: which node among those with this local rank, and how many
-    # (a NodesCommunicator's differ)
-    cross_rank, cross_size = 0, 1
+    @property
+    def cross_rank(self):
+        """Among the nodes that have this local rank (Horovod's cross rank), this node's number."""
+        return sum(n > self.local_rank for n in self._per_node[:self.node])
+
+    @property
+    def cross_size(self):
+        """How many nodes have this local rank (Horovod's cross size)."""
+        return sum(n > self.local_rank for n in self._per_node)
 
     def __enter__(self):
         return self
@@ -431,8 +458,7 @@ def empty(shape, dtype="float32", comm=None):
     n = 1
     for s in shape:
         n *= int(s)
-    node = getattr(comm, "_local", comm)  # across nodes: the arena of this node's communicator
-    raw = node._c.arena_alloc(n * dt.itemsize)
+    raw = comm._c.arena_alloc(n * dt.itemsize)  # across nodes: the node's arena
     return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
 
 

@@ -192,20 +192,20 @@ def test_detect_inconsistent(env, names):
 
 
 def test_where_nodes_meet():
-    from hbmcoll.nodes import layout
+    from hbmcoll.nodes import where
 
     with pytest.raises(ValueError, match="set MASTER_ADDR"):
-        layout.meeting_point(dict(HYDRA), "mpiexec")
+        where.meeting_point(dict(HYDRA), "mpiexec")
     with pytest.raises(ValueError, match="HBMCOLL_JOB_KEY"):
-        layout.meeting_point(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500"), "torchrun")
-    assert layout.meeting_point(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", HBMCOLL_JOB_KEY="k"),
+        where.meeting_point(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500"), "torchrun")
+    assert where.meeting_point(dict(TORCH, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", HBMCOLL_JOB_KEY="k"),
                                 "torchrun") == ("10.0.0.1", 29501, "k")
-    assert layout.meeting_point(dict(HYDRA, HBMCOLL_MASTER="h0", HBMCOLL_JOB_KEY="k"), "mpiexec") == ("h0", 29600, "k")
+    assert where.meeting_point(dict(HYDRA, HBMCOLL_MASTER="h0", HBMCOLL_JOB_KEY="k"), "mpiexec") == ("h0", 29600, "k")
     with pytest.raises(ValueError, match="HBMCOLL_PORT='x'"):
-        layout.meeting_point(dict(HYDRA, HBMCOLL_MASTER="h0", HBMCOLL_PORT="x", HBMCOLL_JOB_KEY="k"), "mpiexec")
+        where.meeting_point(dict(HYDRA, HBMCOLL_MASTER="h0", HBMCOLL_PORT="x", HBMCOLL_JOB_KEY="k"), "mpiexec")
     srun = dict(SRUN, SLURM_STEP_NODELIST="kn[03-05,9],gpu1", HBMCOLL_JOB_KEY="k")
-    assert layout.meeting_point(srun, "srun") == ("kn03", 29600, "k")
-    assert layout._first_host("solo") == "solo"
+    assert where.meeting_point(srun, "srun") == ("kn03", 29600, "k")
+    assert where._first_host("solo") == "solo"
 
 
 # --- the launcher with real processes ---------------------------------------------------------

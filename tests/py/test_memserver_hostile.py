@@ -78,7 +78,7 @@ def _holder(addr, card, rcvbuf=None):
 @pytest.fixture
 def card():
     from hbmcoll import _core
-    from hbmcoll.nodes.layout import iface_to
+    from hbmcoll.nodes.where import iface_to
     ep = _core.Bridge(iface_to("127.0.0.1"), 2 * ms.SLOT_BYTES)
     yield ep.card()
     ep.close()
@@ -280,7 +280,7 @@ def test_a_stranger_posing_as_the_server_never_gets_a_card():
         ms.send_msg(sock, {"nonce": os.urandom(16).hex()})
         heard.append(ms.recv_msg(sock))
         from hbmcoll import _core
-        from hbmcoll.nodes.layout import iface_to
+        from hbmcoll.nodes.where import iface_to
         ep = _core.Bridge(iface_to("127.0.0.1"), 2 * ms.SLOT_BYTES)
         ms.send_msg(sock, {"proof": ms.proof("a-guess-at-the-token-00", os.urandom(16), "server"),
                            "card": ep.card().hex()})

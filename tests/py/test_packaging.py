@@ -211,7 +211,7 @@ def test_manylinux_wheel_installs_and_runs(sdist, work, pip_env, outside):
                    # a module of each subpackage (test_package_layout checks setup.py lists them all)
                    "hbmcoll/torch/backend.py", "hbmcoll/tensorflow/keras_callbacks.py",
                    "hbmcoll/horovod/job.py", "hbmcoll/launch/run.py", "hbmcoll/memserver/__main__.py",
-                   "hbmcoll/tools/tune_cache.py", "hbmcoll/nodes/communicator.py"):
+                   "hbmcoll/tools/tune_cache.py", "hbmcoll/nodes/where.py"):
         assert member in names, member
 
     venv = make_venv(work / "venv-wheel", whl, pip_env, outside)

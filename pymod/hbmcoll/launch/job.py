@@ -1,8 +1,8 @@
 """Joining the job: hbmcoll.init().
 
 From the launcher's environment (hbmcoll-run, torchrun, mpiexec, srun; env.py): the ranks
-of one node form a Communicator over shared memory; ranks on several nodes form a
-NodesCommunicator (nodes/communicator.py) over the node's Communicator and the bridge (nodes/layout.py). From an
+of one node form a Communicator over shared memory; ranks on several nodes form one too, over
+the node's communicator and the bridge (_core.join_nodes; nodes/where.py says where). From an
 mpi4py communicator (or a torch Store, hbmcoll/torch/backend.py), ranks that know each other's node
 names meet the same way (_init_by_names). Each rank is pinned and its buffers planned first
 (_place), and its compute threads follow its share of the cores.
@@ -16,7 +16,7 @@ import threading
 from .. import _core
 from .. import log, timeline
 from ..nodes import netaddr
-from ..comm import meet
+from ..comm import Communicator, meet
 from ..errors import ArgumentError
 from ..tools import tune_cache
 from . import env as launch_env
@@ -113,44 +113,49 @@ def _init(comm, timeout):
 
 def _init_across_nodes(info, generation, timeout, env_timeout):
     """This node's communicator over shared memory, then the bridge to the other nodes."""
-    from ..nodes import layout
+    from ..nodes import where
 
-    addr, base, secret = layout.meeting_point(os.environ, info.launcher,  # its errors before anything waits
-                                              timeout or env_timeout or layout.RENDEZVOUS_S)
-    return _join_nodes(info, f"{info.job_key}/node.w{generation}", _place(info), layout.node_name(os.environ),
-                       secret, lambda ring: (addr, base + ring), addr, timeout, env_timeout)
+    addr, base, secret = where.meeting_point(os.environ, info.launcher,  # its errors before anything waits
+                                             timeout or env_timeout or where.RENDEZVOUS_S)
+    return _join_nodes(info, f"{info.job_key}/node.w{generation}", _place(info), where.node_name(os.environ),
+                       secret, addr, [base + ring for ring in range(info.local_size)], None, timeout, env_timeout)
 
 
-def _join_nodes(info, key, placement, name, secret, where_of, toward, timeout, env_timeout):
-    """The NodesCommunicator over this node's communicator (made here, under key): the bridge
-    to the other nodes (layout.find; where_of(ring) is each ring's rendezvous, toward the address
-    whose interface the bridge takes unless HBMCOLL_IFACE says)."""
-    from ..nodes import communicator as across, layout
+def _join_nodes(info, key, placement, name, secret, addr, ports, listener, timeout, env_timeout):
+    """The job's Communicator: this node's (made here, under key), then the nodes meet at addr
+    (ring l at ports[l]; listener: the socket this rank listens on for its ring, or None) and the
+    bridge's rings are built (libcoll/src/nodes_join.c). The bridge takes HBMCOLL_IFACE, else
+    the interface toward addr."""
+    from ..nodes import where
 
-    local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=timeout or env_timeout)
+    wait = timeout or env_timeout or 0
+    local = meet(info.local_rank, info.local_size, key, timeout, placement, info.launcher, wait=wait)
     try:
-        iface = os.environ.get("HBMCOLL_IFACE") or layout.iface_to(toward)
-        family = netaddr.family(toward)  # the bridge's addresses are of the rendezvous' family
-        lay, bridge, watch = layout.find(local, info.rank, info.size, name, secret, where_of, iface,
-                                         timeout or env_timeout, family=family)
-    except BaseException as exc:
-        if getattr(exc, "node_wide", False):
-            layout.leave_together(local)  # the node's ranks failed alike: each reports before any exits
-        else:
-            local.close()
+        iface = os.environ.get("HBMCOLL_IFACE") or where.iface_to(addr)
+        where.confine_ports(os.environ)  # before libfabric loads
+    except BaseException:
+        local.close()
         raise
+    try:
+        core = _core.join_nodes(local._c, info.rank, info.size, name, secret, addr, ports,
+                                listener.fileno() if listener is not None else 0, iface, netaddr.family(addr),
+                                wait or where.RENDEZVOUS_S, wait)
+    except BaseException:
+        if not local.closed:  # the node's ranks failed alike: each reports before any exits
+            where.leave_together(local)
+        raise
+    comm = Communicator(core, info.local_rank, info.local_size, info.launcher, placement, wait, key=key)
     if info.rank == 0:
-        layout.say(lay, bridge, os.environ)
-    return across.NodesCommunicator(local, lay, bridge, watch, info.rank, info.size, timeout or env_timeout,
-                                    info.launcher, iface, layout.POOL_BYTES, family=family)
+        where.say(comm, os.environ)
+    return comm
 
 
 def _init_from_mpi(mpi_comm, generation, timeout):
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     key = mpi_comm.bcast(secrets.token_hex(16) if rank == 0 else None, root=0)
-    from ..nodes import layout
+    from ..nodes import where
 
-    names = mpi_comm.allgather(layout.node_name(os.environ))
+    names = mpi_comm.allgather(where.node_name(os.environ))
     if len(set(names)) > 1:
         return _init_by_names(rank, size, names, key, mpi_comm.allgather, generation, timeout, "mpi4py")
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=rank, local_size=size,
@@ -160,11 +165,11 @@ def _init_from_mpi(mpi_comm, generation, timeout):
 
 
 def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, placement=None):
-    """A NodesCommunicator of ranks that know each other's node names (names[r]) and can already
+    """The Communicator of ranks across nodes that know each other's node names (names[r]) and can already
     swap small values (swap(v): every rank's v, by rank; MPI, a torch Store): the nodes meet as
     under a launcher, at rendezvous that node 0's ring carriers open on ports of their choosing,
     told to everyone by swap with the job's secret."""
-    from ..nodes import layout
+    from ..nodes import where
 
     here = [r for r in range(size) if names[r] == names[rank]]
     local_rank, local_size = here.index(rank), len(here)
@@ -172,9 +177,9 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
     rings = min(names.count(n) for n in order)
     listener = None
     if names[rank] == names[0] and local_rank < rings:
-        here_at = layout.listen_address(os.environ)
+        here_at = where.listen_address(os.environ)
         listener = socket.create_server((here_at, 0), family=netaddr.family(here_at))
-    where = swap(listener.getsockname()[:2] if listener else None)
+    at = swap(listener.getsockname()[:2] if listener else None)
     secret = swap(secrets.token_hex(32) if rank == 0 else None)[0]
     node0 = [r for r in range(size) if names[r] == names[0]]
     info = launch_env.LaunchInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
@@ -182,8 +187,8 @@ def _init_by_names(rank, size, names, key, swap, generation, timeout, launcher, 
                                  launcher=launcher)
     try:
         return _join_nodes(info, f"{info.job_key}/w{generation}", placement or _place(info), names[rank], secret,
-                           lambda ring: listener if ring == local_rank and listener else tuple(where[node0[ring]]),
-                           where[0][0], timeout, _core.env_check())
+                           at[0][0], [at[node0[ring]][1] for ring in range(rings)], listener, timeout,
+                           _core.env_check())
     finally:
         if listener is not None:
             listener.close()

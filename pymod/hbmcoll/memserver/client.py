@@ -87,7 +87,7 @@ class _Connection:
 
     def __init__(self, addr, token, timeout):
         from .. import _core
-        from ..nodes.layout import iface_to
+        from ..nodes.where import iface_to
         host, port = netaddr.split(addr)
         self.addr, self.timeout, self.dead = addr, timeout, False
         self.token = token

@@ -75,12 +75,12 @@ class Client:
 class Server:
     def __init__(self, host, port, token, capacity, iface=None, max_clients=64, memory="auto"):
         from .. import _core
-        from ..nodes.layout import iface_to
+        from ..nodes.where import iface_to
         self.token, self.capacity = token, capacity
         host, fam = netaddr.strip(host), netaddr.family(host)
         self.iface = iface or iface_to(host)
         self.where, self.memory = placed_pool(memory, capacity + max_clients * 2 * SLOT_BYTES)
-        from ..nodes.layout import confine_ports
+        from ..nodes.where import confine_ports
         confine_ports(os.environ)  # HBMCOLL_PORTS: its endpoint listens within the range
         self.ep = _core.Bridge(self.iface, pool=self.memory, family=fam)
         self.data = _core.MemServe(self.ep, max_clients)

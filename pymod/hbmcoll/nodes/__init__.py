@@ -1,12 +1,9 @@
-"""A job across nodes: what hbmcoll.init() builds when the launcher's ranks span several nodes.
+"""A job across nodes: what hbmcoll.init() needs besides the C core when the launcher's ranks
+span several nodes (the meeting, the layout, the rings and every call are libcoll's:
+libcoll/src/nodes_join.c, nodes_comm.c, hier.c; _core.join_nodes).
 
-- layout.py: who is where (the nodes' ranks, names and rings), the rendezvous' address and
-  ports, the bridge's endpoints and rings;
-- rendezvous.py: how the nodes meet (authenticated by the job's secret) and the connections
-  that tell a node when another is lost (Watch);
-- communicator.py: NodesCommunicator, over the node's communicator and the C layer that runs
-  every collective across the nodes (libcoll/src/hier.h, _core.Hier);
-- split.py: its sub-communicators;
+- where.py: where the nodes meet (address, ports, the job's secret), through which interface,
+  and the node's name;
 - netaddr.py: addresses of either family (A, A:P, [v6]:P), for the nodes, the launcher and the
   memory servers.
 """

@@ -12,7 +12,7 @@ when that environment describes the same rank and size, across nodes too; otherw
 ranks, sub-groups from ``new_group``) rank 0 of the group puts a fresh job key into the group's
 torch Store, the other members read it, and the members build an hbmcoll communicator of their own;
 members on several nodes (by node name, through the store) also swap their rendezvous addresses
-and a secret through the store, and build a NodesCommunicator.
+and a secret through the store, and build the job's Communicator across them.
 That needs only the members: torch calls the creator on members only, so ``comm.split`` (which the
 whole parent communicator must call) cannot be used for ``new_group``.
 """
@@ -55,7 +55,7 @@ _world_placement = None
 
 def _node_names(store, rank, size):
     """Every member's node name (HBMCOLL_NODE, else the hostname), by group rank."""
-    from ..nodes.layout import node_name
+    from ..nodes.where import node_name
 
     store.set(f"hbmcoll/node/{rank}", node_name(os.environ))
     return [store.get(f"hbmcoll/node/{r}").decode() for r in range(size)]
@@ -91,7 +91,7 @@ def create(store, rank, size, timeout):
     t = _timeout_s(timeout)
     default_group = not dist.is_initialized()
     info = _env_matches(rank, size) if default_group else None
-    if info is not None:  # across nodes too: init() returns the NodesCommunicator then
+    if info is not None:  # across nodes too: init() returns the job's Communicator then
         comm = _job.init(timeout=t)
         _world_placement = comm._placement
     else:
