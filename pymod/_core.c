@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "coll_internal.h"
+#include "nodes.h"
+
 static hb_state_t *hb_state_of(PyObject *module) { return PyModule_GetState(module); }
 
 /* Called by libcoll from long waits in the caller's thread (and by the bridge's). */
@@ -62,8 +65,9 @@ PyObject *hb_comm_raise(hb_comm_t *self, int rc) {
   if (rc == COLL_EINTERRUPTED && PyErr_Occurred()) return NULL; /* KeyboardInterrupt */
   const char *text = NULL;
   int code = coll_comm_error(self->comm, &text);
-  /* code 0: the communicator goes on (across nodes, after a disagreement), with the sentence */
-  return hb_raise(self->state, rc, code == rc || (code == 0 && text && *text) ? text : NULL);
+  /* code 0: the communicator goes on (across nodes, after a disagreement), with its sentence */
+  int kept = code == 0 && (rc == COLL_EMISMATCH || rc == COLL_EBADARG) && text && *text;
+  return hb_raise(self->state, rc, code == rc || kept ? text : NULL);
 }
 
 /* ---- Comm ---------------------------------------------------------------- */
@@ -319,6 +323,11 @@ static PyObject *comm_close(hb_comm_t *self, PyObject *unused) {
   Py_END_ALLOW_THREADS
   self->comm = NULL;
   if (self->arena_live > 0) { /* hbmcoll.empty arrays still live: keep the mapping */
+    if (coll__comm_here(c) != c) { /* across nodes: the rest goes now, with its goodbye */
+      Py_BEGIN_ALLOW_THREADS
+      c = coll__span_free_but_node(c);
+      Py_END_ALLOW_THREADS
+    }
     coll_comm_leave(c);
     self->kept = c;
   } else {

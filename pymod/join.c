@@ -35,6 +35,11 @@ static int join_ports(PyObject *seq, int **ports_p, int *n_p) {
   }
   Py_DECREF(fast);
   if (ports == NULL) return PyErr_Occurred() ? -1 : (PyErr_NoMemory(), -1);
+  if (n == 0) {
+    free(ports);
+    hb_bad_arg("join_nodes: give ring 0's port at least");
+    return -1;
+  }
   *ports_p = ports, *n_p = (int)n;
   return 0;
 }

@@ -55,7 +55,9 @@ static PyObject *request_result(hb_request_t *r) {
   if (r->result == 0) Py_RETURN_NONE;
   const char *text = NULL;
   int code = r->comm->comm ? coll_comm_error(r->comm->comm, &text) : 0;
-  return hb_raise(r->comm->state, r->result, code == r->result ? text : NULL);
+  /* code 0: across nodes, the communicator goes on after a disagreement, with its sentence */
+  int kept = code == 0 && (r->result == COLL_EMISMATCH || r->result == COLL_EBADARG) && text && *text;
+  return hb_raise(r->comm->state, r->result, code == r->result || kept ? text : NULL);
 }
 
 static double request_now(void) {

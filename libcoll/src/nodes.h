@@ -66,8 +66,9 @@ typedef struct {
   void *warn_arg;
   coll_interrupt_fn interrupt; /* checked while waiting */
   void *interrupt_arg;
-  int listener; /* member 0: a socket the caller listens on already (it stays the caller's), or 0:
-                 * listen at addr:port (the Python package's groups pick their ports this way) */
+  int listener; /* member 0: a socket the caller listens on already (duplicated: the caller closes
+                 * its own, which is nonblocking from then on), or 0: listen at addr:port (the Python
+                 * package's groups pick their ports this way) */
 } coll__nodes_meet_t;
 /* Member `me` meets the others at addr:port (me == 0 listens there) with secret; its blob goes
  * to everyone. Returns 0, *blobs_p (sorted by member, blob buffers owned by the array: free with
@@ -129,6 +130,9 @@ int coll__span_run(coll_comm_t *c, const coll_args_t *a);
 int coll__span_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p);
 int coll__span_settle(coll_comm_t *c);
 void coll__span_free(coll_comm_t *c);
+/* coll__span_free, collective goodbye included, but the node's communicator is handed back (its
+ * arena still holds the caller's arrays: pymod's hbmcoll.empty), to free later. */
+coll_comm_t *coll__span_free_but_node(coll_comm_t *c);
 void coll__span_leave(coll_comm_t *c);
 void coll__span_abort(coll_comm_t *c, int reason);
 int coll__span_error(const coll_comm_t *c, const char **text_p);

@@ -253,6 +253,20 @@ void coll__span_free(coll_comm_t *c) {
   free(c);
 }
 
+coll_comm_t *coll__span_free_but_node(coll_comm_t *c) {
+  coll__span_t *s = c->span;
+  coll_comm_t *node = s->node;
+  if (coll__forked(c)) { /* as coll__span_free: nothing of the parent's to end here */
+    free(s), free(c);
+    return node;
+  }
+  int failed = coll__hier_failure(s->hier, NULL) != 0 || c->error != 0;
+  s->node = NULL; /* spared by span_parts_free; the layer above it goes first */
+  span_parts_free(s, !failed);
+  free(c);
+  return node;
+}
+
 void coll__span_leave(coll_comm_t *c) {
   coll_comm_leave(c->span->node);
   if (c->error == 0) {

@@ -7,6 +7,7 @@ array, torch tensor, bytearray).
 """
 import atexit
 import hashlib
+import weakref
 
 from . import _core, timeline
 from .errors import ArgumentError
@@ -164,6 +165,7 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         # split communicators; a socket bound for the old path (listener) is not needed
         self._secret = secret if secret is not None else secret_of(key or "")
         self._splits = 0
+        self._spanning = []  # weak references to its splits across nodes: close() ends them first
         if listener is not None:
             listener.close()
 
@@ -367,8 +369,13 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         sub = self._c.split(c, int(key))
         self._splits += 1  # every rank splits alike: the count and the color name the sub's secret
         secret = hashlib.sha256(self._secret + b"split %d %d" % (self._splits, c)).digest()
-        return None if sub is None else Communicator(sub, launcher=self.launcher, placement=self._placement,
-                                                     timeout=self._timeout, secret=secret)
+        if sub is None:
+            return None
+        made = Communicator(sub, launcher=self.launcher, placement=self._placement, timeout=self._timeout,
+                            secret=secret)
+        if made.nodes > 1:  # its goodbye goes over this one's connections: before this one's
+            self._spanning.append(weakref.ref(made))
+        return made
 
     def set_algorithm(self, collective, name):
         """Force an algorithm ("flat", "rsag", ... or "auto") for one collective,
@@ -397,6 +404,11 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     def close(self):
         """Leave the communicator (its segments go when the last rank has left). Across nodes
         it is collective between the nodes: each waits, at most 60 s, for the others' goodbye."""
+        for ref in reversed(self._spanning):  # newest first, as on every rank: each goodbye is collective
+            sub = ref()
+            if sub is not None:
+                sub.close()
+        self._spanning = []
         atexit.unregister(self.close)
         self._c.close()
 

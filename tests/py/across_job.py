@@ -9,6 +9,7 @@ mpi4py's COMM_WORLD. Each rank prints "rank R of P node N ok" when all went well
 """
 import os
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -209,5 +210,15 @@ got = c.gather_object(mine, root=P - 1)
 assert (got == [{"rank": r, "pad": "x" * (r * 3000)} for r in range(P)]) if c.rank == P - 1 else got is None
 assert c.bcast_object(("from", c.rank) if c.rank == 1 else None, root=1) == ("from", 1)
 c.barrier()
-say("rank", c.rank, "of", c.size, "node", c.node, "ok")
+# closing with an hbmcoll.empty array alive (on rank 0) and a split left open: the split closes
+# first, and rank 0 still says goodbye (the others would wait 60 s for it)
+kept = c.empty(1024, "float64") if c.rank == 0 else np.empty(1024)
+kept[:] = c.rank
+c.allreduce(kept)
+assert (kept == sum(range(P))).all(), kept[:2]
+left_open = c.split(c.rank % 2)
+t0 = time.monotonic()
 c.close()
+assert (left_open.closed or left_open.nodes == 1) and time.monotonic() - t0 < 30, time.monotonic() - t0
+assert (kept == sum(range(P))).all()  # still mapped
+say("rank", c.rank, "of", c.size, "node", c.node, "ok")

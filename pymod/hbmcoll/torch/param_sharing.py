@@ -53,7 +53,8 @@ class ParameterSharing:
         self._made = None  # the communicator made here for the default group: finish() closes it
         if mode == "hybrid" and self.group is None:
             self._made = _init()
-            self.group = getattr(self._made, "_local", self._made)  # across nodes: this node's ranks
+            # across nodes: this node's ranks (a split: finish() closes it before what it came from)
+            self.group = self._made.split(self._made.node) if self._made.nodes > 1 else self._made
         self.sharer = self.group is None or self.group.rank == 0  # who talks to the servers
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float32)
         self.shared = None
@@ -135,5 +136,7 @@ class ParameterSharing:
         if self.group is not None:
             self.group.bcast(self.flat, root=0)
         if self._made is not None:
+            if self.group is not self._made:
+                self.group.close()
             self._made.close()
             self._made = None
