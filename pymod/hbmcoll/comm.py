@@ -426,7 +426,8 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
 
     def _transports(self):
         if self.nodes > 1:
-            return (f"shared memory in the node; between nodes the bridge, {self._c.span()[5]}; "
+            span = self._c.span()  # None once closed
+            return (f"shared memory in the node; between nodes the bridge, {span[5] if span else '(closed)'}; "
                     "send/recv over libfabric tagged messages")
         return ("shared memory" + (f" (single copy for large {' and '.join(self.single_copy)})"
                                    if self.single_copy else "") +
