@@ -289,7 +289,12 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
   if (join_get(msg) != 0) { /* local rank 0 failed: every local rank says why */
     rc = -(int)join_get(msg);
     if (l != 0) snprintf(err, errlen, "local rank 0 of this node failed to meet the other nodes: %s", (char *)msg + 8);
-    if (cfg->node_back) *cfg->node_back = node, node = NULL; /* every local rank has it, and none waits */
+    if (cfg->node_back) { /* every local rank has it, and none waits: the node's communicator goes back */
+      uint8_t *pool = net ? coll__net_pool(net) : NULL;
+      coll__net_close(net), net = NULL;
+      coll_arena_free(node, pool); /* local rank 0's pool, when the arena held it (else ignored) */
+      *cfg->node_back = node, node = NULL;
+    }
     goto fail_alone;
   }
   if ((rc = join_layout_read(msg, msg_len, size, cfg->rank, &lay)) != 0) {
