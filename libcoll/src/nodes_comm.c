@@ -241,22 +241,10 @@ int coll__span_settle(coll_comm_t *c) {
   return coll__hier_failure(c->span->hier, NULL);
 }
 
-void coll__span_free(coll_comm_t *c) {
-  coll__span_t *s = c->span;
-  if (coll__forked(c)) { /* the parent's threads are not in this process: release only ours */
-    coll_comm_free(s->node);
-    free(s), free(c);
-    return;
-  }
-  int failed = coll__hier_failure(s->hier, NULL) != 0 || c->error != 0;
-  span_parts_free(s, !failed);
-  free(c);
-}
-
 coll_comm_t *coll__span_free_but_node(coll_comm_t *c) {
   coll__span_t *s = c->span;
   coll_comm_t *node = s->node;
-  if (coll__forked(c)) { /* as coll__span_free: nothing of the parent's to end here */
+  if (coll__forked(c)) { /* the parent's threads are not in this process: release only ours */
     free(s), free(c);
     return node;
   }
@@ -265,6 +253,10 @@ coll_comm_t *coll__span_free_but_node(coll_comm_t *c) {
   span_parts_free(s, !failed);
   free(c);
   return node;
+}
+
+void coll__span_free(coll_comm_t *c) {
+  coll_comm_free(coll__span_free_but_node(c)); /* the node's communicator last, as its arena held the pools */
 }
 
 void coll__span_leave(coll_comm_t *c) {
