@@ -34,7 +34,7 @@ int hb_interrupt(void *arg) {
  * the caller orders collectives itself, to this thread. Threads racing to issue
  * collectives could pair them differently on each rank (silently wrong sums),
  * so a second thread is refused at once, on its own rank, before anything moves. */
-static int hb_comm_usable(hb_comm_t *self) {
+int hb_comm_usable(hb_comm_t *self) {
   if (self->comm == NULL) return 0; /* hb_comm_lock says "closed" */
   if (coll_comm_forked(self->comm)) {
     char text[256];
@@ -397,6 +397,8 @@ static PyMethodDef comm_methods[] = {
     {"start", (PyCFunction)(void (*)(void))comm_start, METH_FASTCALL,
      "start(kind, send, recv, op, root) -> Request"},
     {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
+    {"run_v", (PyCFunction)hb_comm_run_v, METH_VARARGS,
+     "run_v(kind, send, recv, counts, op, root, make_out) -> the result make_out made, or None"},
     {"send", (PyCFunction)(void (*)(void))hb_comm_send, METH_FASTCALL, "send(buf, dest, tag): blocking send"},
     {"recv", (PyCFunction)(void (*)(void))hb_comm_recv, METH_FASTCALL,
      "recv(buf, source, tag) -> (source, tag, nbytes): blocking receive"},

@@ -94,6 +94,8 @@ PyObject *hb_comm_irecv(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs
 int hb_p2p_drain(hb_comm_t *self);
 /* _core.c: the exception of a failed call (KeyboardInterrupt already set for COLL_EINTERRUPTED) */
 PyObject *hb_comm_raise(hb_comm_t *self, int rc);
+int hb_comm_usable(hb_comm_t *self); /* _core.c: 0, or -1 with the exception of a closed or foreign Comm */
+PyObject *hb_comm_run_v(hb_comm_t *self, PyObject *args); /* vcoll.c: Comm.run_v */
 
 /* placement.c */
 extern PyType_Spec hb_placement_spec;

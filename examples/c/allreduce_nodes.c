@@ -61,6 +61,13 @@ int main(void) {
   if (size > 256 || (rc = coll_run(comm, &ag)) != 0)
     return fail("allgather", size > 256 ? COLL_EBADARG : rc, comm);
 
+  /* allgatherv: rank r gives r + 1 copies of r; counts NULL: each rank's own, gathered with the call */
+  static int32_t many[256], every[256 * 257 / 2];
+  for (int i = 0; i <= rank; i++) many[i] = rank;
+  coll_vargs_t agv = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .send = many, .send_count = (size_t)rank + 1,
+                      .recv = every, .recv_count = (size_t)size * (size_t)(size + 1) / 2};
+  if ((rc = coll_run_v(comm, &agv)) != 0) return fail("allgatherv", rc, comm);
+
   /* split: ranks of the same parity form a group across the nodes (as data-parallel groups are);
    * a group gets rings of its own, found over comm */
   coll_comm_t *group = NULL;
@@ -84,10 +91,12 @@ int main(void) {
 
   int ok = grad[0] == (float)(size * (size + 1) / 2) && grad[N - 1] == grad[0] && step == 4242;
   ok &= st.source == prev && st.bytes == N * sizeof *grad && from_prev[N - 1] == grad[0];
-  for (int r = 0; r < size; r++)
+  for (int r = 0; r < size; r++) {
     ok &= all[r] == r;
+    for (int i = 0; i <= r; i++) ok &= every[r * (r + 1) / 2 + i] == r;
+  }
   ok &= members == (size + 1 - rank % 2) / 2 && coll_comm_rank(group) == rank / 2;
-  printf("rank %d of %d: allreduce %.0f, bcast %lld (%s), group of %d, recv from %d: %s\n", rank, size, grad[0],
+  printf("rank %d of %d: allreduce %.0f, bcast %lld (%s), allgatherv, group of %d, recv from %d: %s\n", rank, size, grad[0],
          (long long)step, coll_comm_algorithm(comm), (int)members, st.source, ok ? "ok" : "WRONG");
   coll_comm_free(group); /* collective in the group, before its parent */
   free(grad), free(from_prev);

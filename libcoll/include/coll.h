@@ -181,7 +181,7 @@ typedef struct {
  * and a secret, which coll_job_create alone reads.
  *
  * On one node the communicator is coll_comm_create's. Across nodes it is one coll_comm_t of the
- * job's rank and size: coll_run, coll_start, coll_req_wait/test/free, coll_comm_rank/size,
+ * job's rank and size: coll_run, coll_run_v, coll_start, coll_req_wait/test/free, coll_comm_rank/size,
  * coll_comm_error, coll_comm_abort, coll_comm_settle, coll_comm_free, coll_comm_algorithm
  * ("meeting", "sliced", "rings", "gather") and coll_arena_alloc (the node's arena) work on it as
  * documented, with every op and dtype; coll_set_algorithm forces the node stages' algorithms.
@@ -336,6 +336,42 @@ int coll_req_wait(coll_req_t *req, double timeout_s);
 int coll_req_test(coll_req_t *req, int *result_p);
 /* Release a request; waits for it first if it is still running. */
 void coll_req_free(coll_req_t *req);
+
+/* ---- collectives with a count per rank (MPI's v-variants) -------------- */
+/* Blocks lie end to end in rank order (MPI's displacements are the running sums of the
+ * counts); counts are elements. `kind` is one of:
+ *  gather:         send[counts[rank]] -> recv[sum counts] on root
+ *  allgather:      send[counts[rank]] -> recv[sum counts]
+ *  scatter:        send[sum counts] on root -> recv[counts[rank]]
+ *  reduce_scatter: send[sum counts] -> recv[counts[rank]] (op)
+ *  alltoall:       send[sum counts] -> recv: counts[j] of this rank's go to rank j; recv gets
+ *                  every rank's block for this one, in rank order
+ * counts is the same array on every rank, except for alltoall, where it is this rank's row.
+ * gather and allgather may pass counts NULL on every rank: each rank's send_count is its block.
+ * send_count and recv_count are the elements the buffers hold; a recv of NULL with alloc set
+ * is made by alloc(alloc_arg, bytes) once the result's size is known (a NULL from alloc: the
+ * call goes on for the others and returns COLL_EBADARG here). send and recv must not overlap. */
+typedef struct {
+  coll_kind_t kind;
+  coll_dtype_t dtype;
+  coll_op_t op;
+  int root;
+  const size_t *counts;
+  const void *send;
+  size_t send_count;
+  void *recv;
+  size_t recv_count;
+  void *(*alloc)(void *arg, size_t bytes);
+  void *alloc_arg;
+} coll_vargs_t;
+
+/* Blocking, on any communicator. Every rank's arguments are checked against every other's
+ * first (one small allgather): a call, dtype, op, root or counts that differ, a buffer whose
+ * size is not what the counts say, or a missing buffer or counts on any rank make every rank
+ * return COLL_EMISMATCH with the same sentence in coll_comm_error, and the communicator goes on.
+ * Other returns as coll_run's (COLL_EBADARG at once for a NULL comm or args, or a kind
+ * that has no v-variant). */
+int coll_run_v(coll_comm_t *comm, const coll_vargs_t *args);
 
 /* ---- point-to-point ----------------------------------------------------- */
 /* Messages between two ranks of a communicator, as MPI's: through the communicator's shared

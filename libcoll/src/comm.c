@@ -372,6 +372,11 @@ void coll_comm_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg) {
   c->interrupt_arg = arg;
 }
 
+void coll__keep_text(coll_comm_t *c, const char *text) {
+  if (c->span) coll__span_keep_text(c, text);
+  else if (c->error == 0) snprintf(c->error_text, sizeof c->error_text, "%s", text);
+}
+
 int coll_comm_error(const coll_comm_t *c, const char **text_p) {
   if (c == NULL) return COLL_EBADARG;
   if (c->span) return coll__span_error(c, text_p);

@@ -136,6 +136,7 @@ coll_comm_t *coll__span_free_but_node(coll_comm_t *c);
 void coll__span_leave(coll_comm_t *c);
 void coll__span_abort(coll_comm_t *c, int reason);
 int coll__span_error(const coll_comm_t *c, const char **text_p);
+void coll__span_keep_text(coll_comm_t *c, const char *text); /* coll__keep_text's */
 const char *coll__span_algorithm(const coll_comm_t *c);
 void coll__span_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg);
 

@@ -276,6 +276,10 @@ void coll__span_abort(coll_comm_t *c, int reason) {
   coll__hier_fail(c->span->hier, reason, text);
 }
 
+void coll__span_keep_text(coll_comm_t *c, const char *text) {
+  snprintf(c->span->text, sizeof c->span->text, "%s", text);
+}
+
 int coll__span_error(const coll_comm_t *c, const char **text_p) {
   const char *text = NULL;
   int rc = coll__hier_failure(c->span->hier, &text);

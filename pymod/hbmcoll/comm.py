@@ -304,7 +304,11 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         """buf of shape (size, *s) reduced over ranks; rank i gets block i (shape s). With
         counts (one per rank), buf is read flat and rank i gets counts[i] elements."""
         if counts is not None:
-            return self._reduce_scatter_counts(buf, op, counts, out)
+            try:
+                code = _op_code(op)
+            except (ArgumentError, AttributeError):
+                code = -1  # refused on every rank (C), not here alone while the others wait
+            return self._reduce_scatter_counts(buf, code, counts, out)
         args, res = self._reduce_scatter_args(buf, op, out)
         self._c.run(*args)
         return res

@@ -202,6 +202,15 @@ blocks = [np.arange(counts[r], dtype=np.float64) + 10 * r for r in range(P)]
 assert np.array_equal(c.allgatherv(blocks[c.rank], counts=counts), np.concatenate(blocks))
 assert np.array_equal(c.alltoallv(np.full(P, c.rank, np.int32), [1] * P), np.arange(P, dtype=np.int32))
 assert np.array_equal(c.reduce_scatter(np.ones(sum(counts)), counts=counts), np.full(counts[c.rank], float(P)))
+mine = c.scatterv(np.concatenate(blocks) if c.rank == P - 1 else None, counts, root=P - 1, out=np.empty(counts[c.rank]))
+assert np.array_equal(mine, blocks[c.rank])
+got = c.gatherv(blocks[c.rank], root=0)  # the counts gathered from the blocks
+assert (got is None) == (c.rank != 0) and (c.rank != 0 or np.array_equal(got, np.concatenate(blocks)))
+try:  # counts that differ on one rank: refused on every rank of every node, and the job goes on
+    c.allgatherv(blocks[c.rank], counts=counts[::-1] if c.rank == 0 else counts)
+    raise AssertionError("allgatherv took counts that differ")
+except hbmcoll.MismatchError as exc:
+    assert "different counts" in str(exc), exc
 
 # objects of a different size on every rank (mpi4py's lowercase calls)
 mine = {"rank": c.rank, "pad": "x" * (c.rank * 3000)}

@@ -87,3 +87,21 @@ def _disagree(comm, case):
 def test_disagreeing_counts_fail_on_every_rank(run_ranks, case):
     said = run_ranks(3, _disagree, case)
     assert all(s != "no error" for s in said), said
+
+
+def _empty_blocks(comm):
+    import torch
+    n = [0, 3, 0]
+    every = comm.allgatherv(torch.ones(n[comm.rank]))  # an empty tensor may have no address
+    none = comm.allgatherv(torch.ones(0), counts=[0] * 3)
+    swapped = comm.alltoallv(np.zeros(0, np.float32), [0] * 3)
+    gathered = comm.gatherv(torch.ones(n[comm.rank], dtype=torch.bfloat16), root=1)
+    mine = comm.scatterv(torch.arange(3.) if comm.rank == 0 else None, n, out=torch.empty(n[comm.rank]))
+    return (every.tolist(), none.tolist(), swapped.tolist(), swapped.dtype == np.float32,
+            None if gathered is None else gathered.float().tolist(), mine.tolist())
+
+
+def test_empty_blocks_and_empty_tensors(run_ranks):
+    pytest.importorskip("torch")
+    for r, got in enumerate(run_ranks(3, _empty_blocks)):
+        assert got == ([1.0] * 3, [], [], True, [1.0] * 3 if r == 1 else None, [0.0, 1.0, 2.0] if r == 1 else [])
