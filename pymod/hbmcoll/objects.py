@@ -1,6 +1,6 @@
 """Collectives of Python objects, as mpi4py's lowercase calls and torch's *_object ones: any
 picklable object, of any size on each rank. Both communicators (one node, across nodes) have
-them; they run on the array collectives, sizes first, so every rank knows what it receives.
+them; they run on the array collectives, sizes first, then the bytes (allgatherv, gatherv).
 
     value = comm.bcast_object(value, root=0)
     values = comm.allgather_object(value)          # a list, rank order
@@ -27,23 +27,22 @@ class ObjectCollectives:
         self.bcast(buf, root=root)
         return obj if self.rank == root else pickle.loads(buf.tobytes())
 
-    def _padded(self, obj):
+    def _sized(self, obj):
+        """My pickled bytes, and every rank's byte count (an allgather: every rank knows them)."""
         data = _pickled(obj)
-        sizes = self.allgather(np.array([data.size], np.int64)).reshape(-1)
-        buf = np.zeros(int(sizes.max()), np.uint8)
-        buf[:data.size] = data
-        return buf, sizes
+        return data, self.allgather(np.array([data.size], np.int64)).reshape(-1)
+
+    def _unpickled(self, flat, sizes):
+        at = np.concatenate([[0], np.cumsum(sizes)])
+        return [pickle.loads(flat[at[i]:at[i + 1]].tobytes()) for i in range(self.size)]
 
     def allgather_object(self, obj):
         """Every rank's obj, as a list in rank order, on every rank."""
-        buf, sizes = self._padded(obj)
-        rows = self.allgather(buf)
-        return [pickle.loads(rows[i, :sizes[i]].tobytes()) for i in range(self.size)]
+        data, sizes = self._sized(obj)
+        return self._unpickled(self.allgatherv(data, counts=sizes), sizes)
 
     def gather_object(self, obj, root=0):
         """Every rank's obj, as a list in rank order, on root; None elsewhere."""
-        buf, sizes = self._padded(obj)  # an allgather of the sizes: every rank pads alike
-        rows = self.gather(buf, root=root)
-        if self.rank != root:
-            return None
-        return [pickle.loads(rows[i, :sizes[i]].tobytes()) for i in range(self.size)]
+        data, sizes = self._sized(obj)
+        flat = self.gatherv(data, root=root, counts=sizes)
+        return None if flat is None else self._unpickled(flat, sizes)

@@ -179,16 +179,9 @@ def _np_allgather(a):
     if a.ndim == 0:
         a = a.reshape(1)
     firsts = c.allgather(np.array([a.shape[0]], np.int64)).reshape(-1)
-    m = int(firsts.max())
-    rest = a.shape[1:]
-    pad = np.zeros((m,) + rest, a.dtype)
-    pad[:a.shape[0]] = a
-    buf, back = _mv(pad)
-    got = c.allgather(buf)
-    if back is not None:
-        got = got.reshape(c.size, -1).view(back)
-    got = got.reshape((c.size, m) + rest)
-    return np.concatenate([got[i, :int(firsts[i])] for i in range(c.size)]), firsts
+    row = int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize  # rows travel as bytes, any dtype
+    got = c.allgatherv(a.reshape(-1).view(np.uint8), counts=firsts * row)
+    return got.view(a.dtype).reshape((int(firsts.sum()),) + a.shape[1:]), firsts
 
 
 def _np_alltoall(a, splits):

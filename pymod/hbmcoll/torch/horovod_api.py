@@ -238,19 +238,9 @@ def _allgather(t):
     n0 = torch.tensor([t.shape[0]], dtype=torch.int64)
     firsts = c.allgather(n0).reshape(-1).tolist()
     src = t.contiguous()
-    if src.dtype not in _NATIVE:
-        src = src.reshape(-1).view(torch.uint8).reshape(src.shape[0], -1)
-    m = max(firsts)
-    if m != src.shape[0]:
-        pad = torch.zeros((m,) + tuple(src.shape[1:]), dtype=src.dtype)
-        pad[:src.shape[0]] = src
-        src = pad
-    out = c.allgather(src)  # (size, m, ...)
-    parts = [out[i, :firsts[i]] for i in range(c.size)]
-    res = torch.cat(parts) if len(set(firsts)) > 1 else out.reshape((-1,) + tuple(src.shape[1:]))
-    if res.dtype != t.dtype:
-        res = res.reshape(-1).view(t.dtype).reshape((-1,) + tuple(t.shape[1:]))
-    return res, firsts
+    row = int(_np.prod(src.shape[1:])) * src.element_size()
+    out = c.allgatherv(src.reshape(-1).view(torch.uint8), counts=[f * row for f in firsts])  # rows as bytes
+    return out.view(t.dtype).reshape((sum(firsts),) + tuple(t.shape[1:])), firsts
 
 
 class _AllgatherFn(torch.autograd.Function):
