@@ -1,6 +1,7 @@
 """Allreduce across two emulated nodes: hbmcoll against gloo, MPICH and Open MPI over the same links.
 
     sudo python3 bench/net_bridge.py [--sizes 8,65536,1048576,16777216] [--rounds 3]
+                                     [--collectives allreduce,bcast,allgather]
                                      [--per-node 1,2] [--rates none,2gbit] [--seconds 1] [--load]
 
 Two network namespaces (the nodes) on a bridge in a third, one veth each (hbnet0, 10.77.0.1-2),
@@ -41,14 +42,16 @@ from netnodes import NetNodes, finish  # noqa: E402  (the namespaces the tests u
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="bench" * 6, HBMCOLL_QUIET="1",
            GLOO_SOCKET_IFNAME="hbnet0", UCX_TLS="tcp,self", PYTHONPATH=os.path.join(ROOT, "pymod"))
 _port = [29900]
+COLLS = ["allreduce"]  # --collectives: what every worker times (the ring alone: allreduce only)
 
 
 def _times(text):
-    return {int(b): float(us) for b, us in re.findall(r"allreduce (\d+) B: ([0-9.]+) us", text)}
+    """{(collective, bytes): us} of a worker's lines."""
+    return {(c, int(b)): float(us) for c, b, us in re.findall(r"^(\w+) (\d+) B: ([0-9.]+) us", text, re.M)}
 
 
 def _report(label, got, sizes, outs):
-    if len(got) != len(sizes):
+    if len(got) != len(sizes) * (1 if label == "ring" else len(COLLS)):
         print(f"{label} failed:", *[o[-400:] for o in outs], sep="\n", file=sys.stderr)
     return got
 
@@ -58,7 +61,7 @@ def run_torchrun(lib, nodes, per_node, sizes, seconds):
     procs = [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node-rank",
                              str(i), "--nproc-per-node", str(per_node), "--master-addr", nodes.addrs[0],
                              "--master-port", str(_port[0]), "--no-python", sys.executable, WORKER, lib,
-                             ",".join(map(str, sizes)), str(seconds)],
+                             ",".join(map(str, sizes)), str(seconds), ",".join(COLLS)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
              for i in range(NODES)]
     res = finish(procs, 900)
@@ -71,7 +74,7 @@ def run_mpich(nodes, per_node, sizes, seconds):
         hosts = ",".join(f"{a}:{per_node}" for a in nodes.addrs)
         p = nodes.popen(0, ["mpiexec.hydra", "-launcher", "ssh", "-launcher-exec", ssh, "-hosts", hosts, "-n",
                             str(NODES * per_node), sys.executable, WORKER, "mpich", ",".join(map(str, sizes)),
-                            str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            str(seconds), ",".join(COLLS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         (rc, out, err), = finish([p], 900)
     return _report("mpich", _times(out), sizes, [err])
 
@@ -94,7 +97,8 @@ def run_openmpi(nodes, per_node, sizes, seconds):
                 str(NODES * per_node)]
         for k, v in mca.items():
             argv += ["--mca", k, v]
-        p = nodes.popen(0, argv + [OMPI_PYTHON, WORKER, "openmpi", ",".join(map(str, sizes)), str(seconds)],
+        p = nodes.popen(0, argv + [OMPI_PYTHON, WORKER, "openmpi", ",".join(map(str, sizes)), str(seconds),
+                                   ",".join(COLLS)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         (rc, out, err), = finish([p], 900)
     return _report("openmpi", _times(out), sizes, [err])
@@ -132,9 +136,11 @@ def busy(on):
             p.wait()
 
 
-def table(best, sizes, per_node, rate, ceiling, cpu, rounds, load=False):
+def table(best, sizes, per_node, rate, ceiling, cpu, rounds, load=False, coll="allreduce"):
+    best = {lib: {size: us for (c, size), us in got.items() if c == coll} for lib, got in best.items()}
     libs = [lib for lib in ("hbmcoll", "gloo", "mpich", "openmpi", "ring") if best.get(lib)]
-    print(f"\n{NODES} nodes x {per_node} rank(s), allreduce float32 sum, us per call (best of {rounds} rounds; "
+    what = "allreduce float32 sum" if coll == "allreduce" else f"{coll} float32"
+    print(f"\n{NODES} nodes x {per_node} rank(s), {what}, us per call (best of {rounds} rounds; "
           f"{cpu}, {os.cpu_count()} CPUs; link {'capped at ' + rate if rate else 'uncapped'}, "
           f"fi_pingpong {'%.2f Gbit/s' % ceiling if ceiling else 'not measured'}"
           f"{'; a busy process per CPU beside the job' if load else ', quiet'})")
@@ -146,7 +152,9 @@ def table(best, sizes, per_node, rate, ceiling, cpu, rounds, load=False):
         h = best["hbmcoll"].get(size)
         cells = ["%.1f" % best[lib][size] if size in best[lib] else "-" for lib in libs]
         ratio = ["%.2fx" % (best[p][size] / h) if h and size in best.get(p, {}) else "-" for p in peers]
-        bus = "%.2f Gbit/s" % (2 * (NODES - 1) / NODES * size * 8 / (h * 1e3)) if h else "-"
+        ranks = NODES * per_node  # bytes each rank moves per call, per the usual bus-bandwidth factors
+        factor = {"allreduce": 2 * (NODES - 1) / NODES, "bcast": 1, "allgather": ranks - 1}[coll]
+        bus = "%.2f Gbit/s" % (factor * size * 8 / (h * 1e3)) if h else "-"
         print(f"| {size} | " + " | ".join(cells + ratio) + f" | {bus} |")
 
 
@@ -158,7 +166,7 @@ def measure(nodes, per_node, sizes, rate, a):
         runs.append(("openmpi", run_openmpi))
     elif per_node == 1 and rate is None:
         print("Open MPI: not measured (`make openmpi-peer` builds its mpi4py)", file=sys.stderr)
-    if per_node == 1:
+    if per_node == 1 and "allreduce" in COLLS:
         runs.append(("ring", run_ring))
     best = {label: {} for label, _ in runs}
     for rnd in range(a.rounds):
@@ -178,7 +186,9 @@ def main():
     ap.add_argument("--rates", default="none,2gbit", help="tc tbf rate per node link, or none")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per size and library")
     ap.add_argument("--load", action="store_true", help="a busy process per CPU beside every library")
+    ap.add_argument("--collectives", default="allreduce", help="of allreduce, bcast, allgather")
     a = ap.parse_args()
+    COLLS[:] = a.collectives.split(",")
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["make", "-s", "-C", ROOT, "build/net_bench"], check=True)
     cpu = machine.cpu_model()
@@ -188,7 +198,8 @@ def main():
             with busy(a.load):
                 for per_node in [int(x) for x in a.per_node.split(",")]:
                     best = measure(nodes, per_node, sizes, rate, a)
-                    table(best, sizes, per_node, rate, ceiling, cpu, a.rounds, a.load)
+                    for coll in COLLS:
+                        table(best, sizes, per_node, rate, ceiling, cpu, a.rounds, a.load, coll)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,17 @@ def bridge(nodes, kind, sizes, seconds):
     out = subprocess.run([os.path.join(nb.ROOT, "build", "net_bench"), ",".join(nodes.names), "-k", kind, "-s",
                           ",".join(map(str, sizes)), "-t", str(seconds)], capture_output=True, text=True,
                          env=dict(os.environ, FI_PROVIDER="tcp"), timeout=900)
-    return nb._report(kind, nb._times(out.stdout), sizes, [out.stderr])
+    return _by_size(nb._report(kind, nb._times(out.stdout), sizes, [out.stderr]))
+
+
+def _by_size(got):
+    """{bytes: us} of net_bridge's {(collective, bytes): us}: one collective per run here."""
+    return {size: us for (_, size), us in got.items()}
 
 
 def hbmcoll(pymod, nodes, per_node, sizes, seconds):
     nb.ENV["PYTHONPATH"] = pymod
-    return nb.run_torchrun("hbmcoll", nodes, per_node, sizes, seconds)
+    return _by_size(nb.run_torchrun("hbmcoll", nodes, per_node, sizes, seconds))
 
 
 def main():
@@ -61,9 +66,9 @@ def main():
     subprocess.run(["make", "-s", "-C", nb.ROOT, "build/net_bench"], check=True)
     runs = [("this", lambda n: hbmcoll(os.path.join(nb.ROOT, "pymod"), n, a.per_node, sizes, a.seconds)),
             ("base", lambda n: hbmcoll(os.path.join(a.base, "pymod"), n, a.per_node, sizes, a.seconds)),
-            ("mpich", lambda n: nb.run_mpich(n, a.per_node, sizes, a.seconds))]
+            ("mpich", lambda n: _by_size(nb.run_mpich(n, a.per_node, sizes, a.seconds)))]
     if not a.no_gloo:
-        runs.append(("gloo", lambda n: nb.run_torchrun("gloo", n, a.per_node, sizes, a.seconds)))
+        runs.append(("gloo", lambda n: _by_size(nb.run_torchrun("gloo", n, a.per_node, sizes, a.seconds))))
     if not a.no_c and a.per_node == 1:
         runs += [("fi_pingpong 8 B one way", pingpong),
                  ("net_write one way", lambda n: bridge(n, "pingpong", sizes, a.seconds)),
