@@ -11,8 +11,8 @@
  * beyond the rings get them from local rank 0. Ranks that disagree still exchange alike, so the
  * verdict is the same on every rank and the next call starts from the same place.
  *
- * bcast moves the root's bytes as a reduce across of the bytes, zeros from every node but the
- * root's (a byte sum with one term is exact): a ring moves what a scatter and an allgather would.
+ * bcast moves the root's bytes along each ring from the root's node (a chain, chunk by chunk:
+ * every link carries them once), after a bcast in the root's node.
  * scatter is a bcast of the root's blocks, each rank keeping its own; reduce an allreduce whose
  * result only the root keeps; gather an allgather only the root keeps.
  */
@@ -254,11 +254,9 @@ static int hier_bcast(coll__hier_t *h, const coll_args_t *a, uint8_t *buf, size_
   int rc = coll__hier_meet(h, a, NULL, 0, HIER_PART_NONE, 0, 0, NULL, err, errlen);
   if (rc) return rc;
   h->algorithm = "rings";
-  if (node == h->cfg.node)
-    rc = h->local_size > 1 ? coll__hier_local(h, COLL_BCAST, COLL_UINT8, COLL_SUM, local_root, bytes, buf, buf, err, errlen) : 0;
-  else
-    memset(buf, 0, bytes);
-  return rc ? rc : coll__hier_reduce_across(h, buf, bytes, COLL_UINT8, COLL_SUM, err, errlen);
+  if (node == h->cfg.node && h->local_size > 1)
+    rc = coll__hier_local(h, COLL_BCAST, COLL_UINT8, COLL_SUM, local_root, bytes, buf, buf, err, errlen);
+  return rc ? rc : coll__hier_bcast_across(h, buf, bytes, node, err, errlen);
 }
 
 static int hier_scatter(coll__hier_t *h, const coll_args_t *a, char *err, size_t errlen) {

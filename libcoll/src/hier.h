@@ -124,6 +124,8 @@ int coll__hier_propose(coll__hier_t *h, size_t piece);
 void coll__hier_took(coll__hier_t *h, size_t piece, int chunks, double seconds);
 int coll__hier_reduce_across(coll__hier_t *h, void *buf, size_t count, coll_dtype_t dtype, coll_op_t op,
                              char *err, size_t errlen);
+/* Node `node`'s bytes buf[0..bytes) (the same on its every rank) to every rank of every node. */
+int coll__hier_bcast_across(coll__hier_t *h, void *buf, size_t bytes, int node, char *err, size_t errlen);
 /* a's allreduce (or reduce: a->kind is what the meeting compares) with the result in out. */
 int coll__hier_allreduce(coll__hier_t *h, const coll_args_t *a, void *out, char *err, size_t errlen);
 /* After a meeting: send[0..count) reduced over every rank into out (either path, no meeting). */

@@ -80,16 +80,19 @@ void coll__hier_took(coll__hier_t *h, size_t piece, int chunks, double seconds) 
       h->tune[key].times[i][h->tune[key].tried[i]++] = seconds;
 }
 
-int coll__hier_reduce_across(coll__hier_t *h, void *buf, size_t count, coll_dtype_t dtype, coll_op_t op,
-                             char *err, size_t errlen) {
+/* Slice l of buf (of R) around ring l, reduced (root < 0) or from node root's carrier; then a local
+ * allgather brings the slices to every rank of the node (the root's node has them all already). */
+static int hier_across(coll__hier_t *h, void *buf, size_t count, coll_dtype_t dtype, coll_op_t op, int root,
+                       char *err, size_t errlen) {
   size_t es = coll_dtype_size(dtype), R = (size_t)h->cfg.rings, L = (size_t)h->local_size;
   size_t me = (size_t)h->local_rank, S = (count + R - 1) / R;
   size_t lo = me * S < count ? me * S : count, hi = (me + 1) * S < count ? (me + 1) * S : count;
   uint8_t *b = buf;
   int rc = 0;
   if (h->cfg.ring != NULL && hi > lo) /* the same lo, hi on every node: all members call, or none */
-    rc = coll__net_ring_allreduce(h->cfg.ring, dtype, op, b + lo * es, hi - lo, h->cfg.timeout_s, err, errlen);
-  if (rc || L == 1 || S == 0) return rc;
+    rc = root < 0 ? coll__net_ring_allreduce(h->cfg.ring, dtype, op, b + lo * es, hi - lo, h->cfg.timeout_s, err, errlen)
+                  : coll__net_ring_bcast(h->cfg.ring, root, b + lo * es, (hi - lo) * es, h->cfg.timeout_s, err, errlen);
+  if (rc || L == 1 || S == 0 || root == h->cfg.node) return rc;
   if (R == L && L * S == count) /* the slices are the buffer's own blocks: gather them in place */
     return coll__hier_local(h, COLL_ALLGATHER, COLL_UINT8, COLL_SUM, 0, S * es, b + me * S * es, b, err, errlen);
   uint8_t *tmp = coll__hier_scratch(h, HIER_SCR_EVERY, L * S * es);
@@ -98,6 +101,15 @@ int coll__hier_reduce_across(coll__hier_t *h, void *buf, size_t count, coll_dtyp
   rc = coll__hier_local(h, COLL_ALLGATHER, COLL_UINT8, COLL_SUM, 0, S * es, tmp + me * S * es, tmp, err, errlen);
   if (rc == 0) memcpy(b, tmp, count * es);
   return rc;
+}
+
+int coll__hier_reduce_across(coll__hier_t *h, void *buf, size_t count, coll_dtype_t dtype, coll_op_t op,
+                             char *err, size_t errlen) {
+  return hier_across(h, buf, count, dtype, op, -1, err, errlen);
+}
+
+int coll__hier_bcast_across(coll__hier_t *h, void *buf, size_t bytes, int node, char *err, size_t errlen) {
+  return hier_across(h, buf, bytes, COLL_UINT8, COLL_SUM, node, err, errlen);
 }
 
 typedef struct {

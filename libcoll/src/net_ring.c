@@ -293,6 +293,33 @@ int coll__net_ring_shift(coll__net_ring_t *r, int j, const void *src, void *dst,
   return rc;
 }
 
+/* A chain from the root around the ring, chunk by chunk: each member takes transfer t from its left
+ * and passes it on; the last member passes an empty note to the root, so every link carries every
+ * number and the credits go on as in the other runs. The root posts one transfer ahead of taking
+ * those notes, so it never waits for a chunk to go round before sending the next. */
+int coll__net_ring_bcast(coll__net_ring_t *r, int root, void *buf, size_t bytes, double timeout_s, char *err,
+                         size_t errlen) {
+  if ((bytes && buf == NULL) || root < 0 || root >= r->n) return COLL_EBADARG;
+  if (r->n == 1 || bytes == 0) return 0;
+  int pos = (r->me - root + r->n) % r->n, last = pos == r->n - 1;
+  size_t K = (bytes + r->chunk - 1) / r->chunk;
+  uint8_t *b = buf;
+  coll__net_set_timeout(r->net, timeout_s);
+  uint32_t t0 = r->next;
+  r->next = (uint32_t)(t0 + K) & RING_NUM;
+  int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
+  for (size_t i = 0; rc == 0 && i <= K; i++) {
+    uint32_t t = (uint32_t)(t0 + i) & RING_NUM;
+    size_t at = i * r->chunk, len = i < K ? (bytes - at < r->chunk ? bytes - at : r->chunk) : 0;
+    ring_step_t st = {b + at, b + at, last ? 0 : len, len, 0}, note = {NULL, NULL, 0, 0, 0};
+    if (pos > 0 && i < K) rc = ring_take(r, t, &st, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+    if (rc == 0 && i < K) rc = ring_post(r, t, &st, timeout_s, err, errlen);
+    if (rc == 0 && pos == 0 && i > 0)
+      rc = ring_take(r, (t - 1) & RING_NUM, &note, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+  }
+  return rc ? rc : coll__net_flush(r->net, err, errlen);
+}
+
 int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, double timeout_s,
                                   char *err, size_t errlen) {
   if ((block && buf == NULL) || used > block) return COLL_EBADARG;

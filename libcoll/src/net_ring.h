@@ -46,6 +46,12 @@ int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op
 int coll__net_ring_reduce_scatter(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,
                                   size_t count, double timeout_s, char *err, size_t errlen);
 
+/* On every member at once: member root's buf[0..bytes) into every other member's buf, passed along
+ * the ring chunk by chunk (a chain: each link carries the bytes once). Returns as
+ * coll__net_ring_allreduce. */
+int coll__net_ring_bcast(coll__net_ring_t *ring, int root, void *buf, size_t bytes, double timeout_s, char *err,
+                         size_t errlen);
+
 /* Member `member`'s net peer, for the allgather of small blocks in ceil(log2 n) steps (which
  * writes to members other than the neighbours); COLL_EBADARG if member is out of range. */
 int coll__net_ring_reach(coll__net_ring_t *ring, int member, int peer);

@@ -185,6 +185,36 @@ static int shift_cases(int me, int n, coll__net_ring_t *ring) {
   return bad;
 }
 
+/* bcast from every member, sizes up to several chunks, each followed by an allreduce: the root's
+ * bytes must arrive whole, and the credits of the chain (the last member's empty notes) must leave
+ * the ring as the next run expects it. */
+static int bcast_cases(int me, int n, coll__net_ring_t *ring) {
+  size_t sizes[] = {1, 1000, (3u << 20) + 11};
+  char err[256] = "";
+  int bad = 0;
+  for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+    for (int root = 0; root < n; root++) {
+      size_t len = sizes[z];
+      uint8_t *buf = malloc(len);
+      for (size_t i = 0; i < len; i++) buf[i] = me == root ? (uint8_t)(i * 3 + (size_t)root * 41) : 0xee;
+      int rc = coll__net_ring_bcast(ring, root, buf, len, 60, err, sizeof err);
+      if (rc) fprintf(stderr, "member %d: bcast from %d of %zu: %d %s\n", me, root, len, rc, err), bad++;
+      for (size_t i = 0; rc == 0 && i < len; i++)
+        if (buf[i] != (uint8_t)(i * 3 + (size_t)root * 41)) {
+          fprintf(stderr, "member %d: bcast from %d of %zu: byte %zu wrong\n", me, root, len, i);
+          bad++;
+          break;
+        }
+      free(buf);
+      int32_t x[1000];
+      for (int i = 0; i < 1000; i++) x[i] = me + i;
+      rc = coll__net_ring_allreduce(ring, COLL_INT32, COLL_SUM, x, 1000, 60, err, sizeof err);
+      if (rc || x[999] != n * 999 + n * (n - 1) / 2)
+        fprintf(stderr, "member %d: allreduce after bcast from %d: %d %s\n", me, root, rc, err), bad++;
+    }
+  return bad;
+}
+
 static int member(const members_t *ms, int me, int fd) {
   int n = ms->n;
   char err[256] = "";
@@ -226,6 +256,7 @@ static int member(const members_t *ms, int me, int fd) {
   bad += allgather_cases(me, n, ring);
   bad += reduce_scatter_cases(me, n, ring);
   bad += shift_cases(me, n, ring);
+  bad += bcast_cases(me, n, ring);
   coll__net_ring_free(ring);
   char done = 'a'; /* my allgathers are over; the parent says when everyone's are */
   if (write(fd, &done, 1) != 1) return 16;
@@ -316,9 +347,9 @@ static void run_ring(const char *name, int n, int loss_pct) {
 
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
-  if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count, allgather", 2, 0);
-  if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count, allgather", 3, 0);
-  if (CASE("ring: 5 nodes")) run_ring("ring: 5 nodes, every dtype x op x count, allgather", 5, 0);
+  if (CASE("ring: 2 nodes")) run_ring("ring: 2 nodes, every dtype x op x count, allgather, bcast", 2, 0);
+  if (CASE("ring: 3 nodes")) run_ring("ring: 3 nodes, every dtype x op x count, allgather, bcast", 3, 0);
+  if (CASE("ring: 5 nodes")) run_ring("ring: 5 nodes, every dtype x op x count, allgather, bcast", 5, 0);
   if (CASE("ring: 3 nodes, 1% loss")) run_ring("ring: 3 nodes, 1% of frames dropped", 3, 1);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies: an error, not a hang", 0);
   if (CASE("ring: a member dies")) run_dead("ring: a member dies, watched: peer lost at once", 1);
