@@ -4,7 +4,7 @@
  * over the same links in the same run.
  *
  *   build/net_bench NS0,NS1[,...] [-i IFACE] [-s BYTES[,BYTES...]] [-t SECONDS] [-p POOL_BYTES]
- *                   [-k allreduce|allgather|pingpong]
+ *                   [-k allreduce|allgather|bcast|pingpong]
  *
  * Forks one member per namespace (setns), swaps the endpoints' cards over socketpairs, and
  * for each size (float32 sum) runs warm-up calls and then timed calls for about -t seconds
@@ -69,6 +69,7 @@ static int one_call(coll__net_ring_t *ring, coll__net_t *net, int me, int peer, 
     if (all_bytes < bytes * (size_t)n && (all = realloc(all, bytes * (size_t)n)) != NULL) all_bytes = bytes * (size_t)n;
     return all ? coll__net_ring_allgather(ring, all, bytes, 60, err, errlen) : -1;
   }
+  if (!strcmp(kind, "bcast")) return coll__net_ring_bcast(ring, 0, buf, bytes, 60, err, errlen);
   if (!strcmp(kind, "pingpong") && me < 2) {
     size_t len = bytes ? bytes : 1;
     int rc = me == 1 ? await_note(net, err, errlen) : 0;

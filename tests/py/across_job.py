@@ -116,6 +116,10 @@ for root in range(P):
     b = np.arange(1000, dtype=np.float32) * (c.rank + 1)
     c.bcast(b, root=root)
     assert np.array_equal(b, np.arange(1000, dtype=np.float32) * (root + 1)), root
+big = np.full((3 << 20) + 5, c.rank, np.uint8)  # chunks of several ring slots, along the chain
+big[::4096] = np.arange(big[::4096].size) % 251 if c.rank == P - 1 else 0
+c.bcast(big, root=P - 1)
+assert big[1] == P - 1 and (big[::4096] == np.arange(big[::4096].size) % 251).all() and (big[1:4096] == P - 1).all()
 c.barrier()
 mine = lambda r, n=5: (np.arange(n) + 100 * r).astype(np.int64)
 g = c.allgather(mine(c.rank))
