@@ -7,7 +7,8 @@
  * block to every local rank.
  *
  * allgather is a local allgather (the node's block: its ranks' blocks, padded to the widest
- * node's), a gather across, and each rank's block picked out by rank.
+ * node's), a gather across, and each rank's block picked out by rank; with one rank per node,
+ * ranks in node order, the ring allgathers straight in the result.
  *
  * reduce_scatter, where every node has one rank per ring: local rank l of node k takes, from its
  * node's reduce-scatter, the blocks of local rank l of every node (node by node), reduced over the
@@ -55,6 +56,13 @@ int coll__hier_allgather(coll__hier_t *h, const coll_args_t *a, void *out, char 
   int rc = coll__hier_meet(h, a, NULL, 0, HIER_PART_NONE, 0, 0, NULL, err, errlen);
   if (rc || b == 0) return rc;
   h->algorithm = "gather";
+  int alone = W == 1; /* one rank per node, rank k on node k: the ring's rows are the result's */
+  for (int r = 0; alone && r < h->cfg.size; r++) alone = h->node_of[r] == r;
+  if (alone) {
+    uint8_t *mine_out = (uint8_t *)out + (size_t)h->cfg.node * b;
+    if (mine_out != (const uint8_t *)a->send) memmove(mine_out, a->send, b);
+    return N > 1 ? coll__net_ring_allgather(h->cfg.ring, out, b, h->cfg.timeout_s, err, errlen) : 0;
+  }
   uint8_t *mine = coll__hier_scratch(h, HIER_SCR_MINE, W * b), *every = coll__hier_scratch(h, HIER_SCR_ALL, N * W * b);
   if (mine == NULL || every == NULL) return -ENOMEM;
   if (h->local_size > 1)

@@ -199,9 +199,9 @@ static int ring_neighbours(coll__net_ring_t *r, uint32_t t0, double timeout_s, c
  * of the segments it moves. Member m sends segment m - s + p + shift, so in an allgather alone
  * it starts with its own segment m; after a reduce-scatter it owns m + 1 + shift (shift n - 1:
  * its own). */
-static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count, size_t es, size_t K,
+static ring_step_t ring_plan(const coll__net_ring_t *r, uint8_t *b, size_t count, size_t es, size_t K, size_t ce,
                              int first, size_t shift, size_t i) {
-  size_t n = (size_t)r->n, base = count / n, extra = count % n, ce = r->chunk / es;
+  size_t n = (size_t)r->n, base = count / n, extra = count % n;
   size_t k = i % K, s = (i / K) % (n - 1), p = i / (K * (n - 1));
   size_t out = ((size_t)r->me + n - s + p + shift) % n, in = ((size_t)r->me + 2 * n - s - 1 + p + shift) % n;
   size_t out_len = base + (out < extra), in_len = base + (in < extra);
@@ -219,6 +219,7 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   size_t es = coll_dtype_size(dtype);
   size_t n = (size_t)r->n, ce = r->chunk / es, longest = count / n + (count % n != 0);
   size_t K = (longest + ce - 1) / ce, T = (size_t)phases * (n - 1) * K;
+  if (K) ce = (longest + K - 1) / K; /* chunks of one size: no short last chunk costing a whole step */
   /* With two chunks or more per step, transfer i + 1 never sends what transfer i brings
    * (that goes out K transfers later), so it is posted first and the link stays busy while
    * the chunk that came in is folded. */
@@ -226,12 +227,12 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
   r->next = (uint32_t)(t0 + T) & RING_NUM;
-  ring_step_t st = ring_plan(r, buf, count, es, K, first, shift, 0);
+  ring_step_t st = ring_plan(r, buf, count, es, K, ce, first, shift, 0);
   int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
   if (rc == 0) rc = ring_post(r, t0 & RING_NUM, &st, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i < T; i++) {
     uint32_t t = (uint32_t)(t0 + i) & RING_NUM, u = (t + 1) & RING_NUM;
-    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, first, shift, i + 1) : st;
+    ring_step_t next = i + 1 < T ? ring_plan(r, buf, count, es, K, ce, first, shift, i + 1) : st;
     if (ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     /* the allgather overwrites what the reduce-scatter sent K(n-1) transfers before: written
      * straight from here, that write must have left first (at most two are in flight) */
@@ -302,7 +303,7 @@ int coll__net_ring_bcast(coll__net_ring_t *r, int root, void *buf, size_t bytes,
   if ((bytes && buf == NULL) || root < 0 || root >= r->n) return COLL_EBADARG;
   if (r->n == 1 || bytes == 0) return 0;
   int pos = (r->me - root + r->n) % r->n, last = pos == r->n - 1;
-  size_t K = (bytes + r->chunk - 1) / r->chunk;
+  size_t K = (bytes + r->chunk - 1) / r->chunk, c = (bytes + K - 1) / K; /* chunks of one size */
   uint8_t *b = buf;
   coll__net_set_timeout(r->net, timeout_s);
   uint32_t t0 = r->next;
@@ -310,7 +311,7 @@ int coll__net_ring_bcast(coll__net_ring_t *r, int root, void *buf, size_t bytes,
   int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
   for (size_t i = 0; rc == 0 && i <= K; i++) {
     uint32_t t = (uint32_t)(t0 + i) & RING_NUM;
-    size_t at = i * r->chunk, len = i < K ? (bytes - at < r->chunk ? bytes - at : r->chunk) : 0;
+    size_t at = i * c, len = i < K ? (bytes - at < c ? bytes - at : c) : 0;
     ring_step_t st = {b + at, b + at, last ? 0 : len, len, 0}, note = {NULL, NULL, 0, 0, 0};
     if (pos > 0 && i < K) rc = ring_take(r, t, &st, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
     if (rc == 0 && i < K) rc = ring_post(r, t, &st, timeout_s, err, errlen);
