@@ -124,6 +124,8 @@ c.barrier()
 mine = lambda r, n=5: (np.arange(n) + 100 * r).astype(np.int64)
 g = c.allgather(mine(c.rank))
 assert np.array_equal(g, np.stack([mine(r) for r in range(P)])), g
+g = c.allgather(mine(c.rank, (3 << 17) + 3))  # 3 MiB a rank: several ring slots each
+assert all(np.array_equal(g[r], mine(r, (3 << 17) + 3)) for r in range(P))
 for root in (0, P - 1):
     got = c.gather(mine(c.rank, 3001), root=root)
     assert (got is None) == (c.rank != root)
