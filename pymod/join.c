@@ -88,12 +88,14 @@ PyObject *hb_comm_span(hb_comm_t *self, PyObject *unused) {
   const int *node_of, *local_of;
   coll__span_layout(c, &node, &nodes, &rings, &node_of, &local_of);
   PyObject *where = PyTuple_New(size), *local = PyTuple_New(size);
-  for (int r = 0; where && local && r < size; r++) {
-    PyTuple_SET_ITEM(where, r, PyLong_FromLong(node_of[r]));
-    PyTuple_SET_ITEM(local, r, PyLong_FromLong(local_of[r]));
+  int ok = where && local;
+  for (int r = 0; ok && r < size; r++) { /* a NULL item (no memory) is left NULL: the tuple is dropped */
+    PyObject *w = PyLong_FromLong(node_of[r]), *l = PyLong_FromLong(local_of[r]);
+    PyTuple_SET_ITEM(where, r, w);
+    PyTuple_SET_ITEM(local, r, l);
+    ok = w && l;
   }
-  PyObject *out = where && local ? Py_BuildValue("(iiiOOs)", node, nodes, rings, where, local,
-                                                 coll__span_describe(c)) : NULL;
+  PyObject *out = ok ? Py_BuildValue("(iiiOOs)", node, nodes, rings, where, local, coll__span_describe(c)) : NULL;
   Py_XDECREF(where);
   Py_XDECREF(local);
   return out;
