@@ -288,7 +288,8 @@ int coll__req_wrap_p2p(void *op, const coll__req_ops_t *ops, coll_req_t **req_p)
 coll_comm_t *coll__comm_here(const coll_comm_t *c);
 
 /* ---- comm.c ---- */
-/* A disagreement's sentence for coll_comm_error while the communicator goes on (vcoll.c). */
+/* A disagreement's sentence for coll_comm_error while the communicator goes on (vcoll.c); ""
+ * at every call's start, so no sentence outlives the call it was about. */
 void coll__keep_text(coll_comm_t *c, const char *text);
 /* Bumped in every fork()ed child (pthread_atfork): a communicator made in an
  * earlier epoch belongs to an ancestor. No system call on the hot path. */

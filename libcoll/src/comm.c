@@ -374,7 +374,7 @@ void coll_comm_set_interrupt(coll_comm_t *c, coll_interrupt_fn fn, void *arg) {
 
 void coll__keep_text(coll_comm_t *c, const char *text) {
   if (c->span) coll__span_keep_text(c, text);
-  else if (c->error == 0) snprintf(c->error_text, sizeof c->error_text, "%s", text);
+  else if (c->error == 0 && (text[0] || c->error_text[0])) snprintf(c->error_text, sizeof c->error_text, "%s", text);
 }
 
 int coll_comm_error(const coll_comm_t *c, const char **text_p) {

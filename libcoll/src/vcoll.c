@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "coll_internal.h"
+#include "nodes.h"
 
 enum { V_MADE = -1, V_NONE = -2 }; /* a row's V_RECV without a buffer: made by alloc, or none */
 enum { V_BAD, V_KIND, V_DTYPE, V_OP, V_ROOT, V_GIVEN, V_HASH, V_SEND, V_RECV, V_HEAD };
@@ -99,8 +100,14 @@ static void v_row(const vcall_t *v, int64_t *row) {
 
 /* The others are waiting for this rank's part: it fails the communicator for every rank. */
 static int v_no_memory(vcall_t *v) {
-  return coll__fail(coll__comm_here(v->c), -ENOMEM, "rank %d: no memory for %s's blocks; the communicator is closed",
-                    v->rank, v_name(v->a->kind));
+  char text[160];
+  snprintf(text, sizeof text, "rank %d: no memory for %s's blocks; the communicator is closed", v->rank,
+           v_name(v->a->kind));
+  if (v->c->span) { /* the other nodes hear of it too (their waits end), not this node's ranks alone */
+    coll__span_fail(v->c, -ENOMEM, text);
+    return -ENOMEM;
+  }
+  return coll__fail(v->c, -ENOMEM, "%s", text);
 }
 
 /* The sizes every rank must hold, and the blocks (v->counts), from every row: 0 or a refusal. */
@@ -120,10 +127,21 @@ static int v_verdict(vcall_t *v) {
     if (r[V_GIVEN] != r0[V_GIVEN] || r[V_HASH] != r0[V_HASH])
       return v_refuse(v, "ranks 0 and %d gave different counts (every rank gives the same, or none does)", i);
   }
+  /* no size a buffer could not hold: then no sum or padded row below overflows */
+  size_t limit = SIZE_MAX / 2 / v->es / (size_t)P;
+  for (int i = 0; i < P; i++) {
+    const int64_t *r = v->rows + (size_t)i * v->width;
+    if (r[V_SEND] < 0 || (size_t)r[V_SEND] > limit * (size_t)P || r[V_RECV] < V_NONE)
+      return v_refuse(v, "rank %d gave a buffer size no buffer can have", i);
+    for (int j = 0; a->kind == COLL_ALLTOALL && j < P; j++)
+      if (r[V_HEAD + j] < 0 || (size_t)r[V_HEAD + j] > limit)
+        return v_refuse(v, "rank %d's count for rank %d is more than a buffer can hold", i, j);
+  }
   size_t *n = v->counts;
   for (int i = 0; i < P; i++) {
     const int64_t *r = v->rows + (size_t)i * v->width;
     n[i] = a->kind == COLL_ALLTOALL ? (size_t)r[V_HEAD + v->rank] : a->counts ? a->counts[i] : (size_t)r[V_SEND];
+    if (n[i] > limit) return v_refuse(v, "rank %d's block of %zu elements is more than a buffer can hold", i, n[i]);
   }
   size_t total = v_sum(n, P);
   v->widest = 0;
@@ -209,9 +227,10 @@ static int v_move(vcall_t *v) {
     if (a->kind == COLL_SCATTER && me != a->root) f.send = NULL;
     return coll_run(v->c, &f);
   }
-  size_t in_rows = a->kind == COLL_GATHER || a->kind == COLL_ALLGATHER ? 1 : (size_t)P;
-  size_t out_rows = a->kind == COLL_SCATTER || a->kind == COLL_REDUCE_SCATTER ? 1 : (size_t)P;
   int sends = a->kind != COLL_SCATTER || me == a->root;
+  size_t in_rows = !sends ? 0 : a->kind == COLL_GATHER || a->kind == COLL_ALLGATHER ? 1 : (size_t)P;
+  size_t out_rows = a->kind == COLL_SCATTER || a->kind == COLL_REDUCE_SCATTER ? 1
+                    : a->kind == COLL_GATHER && me != a->root ? 0 : (size_t)P;
   uint8_t *in = malloc(in_rows * row + 1), *out = malloc(out_rows * row + 1);
   int rc = in && out ? 0 : v_no_memory(v);
   if (rc == 0 && sends) {
@@ -244,7 +263,7 @@ int coll_run_v(coll_comm_t *c, const coll_vargs_t *a) {
     return COLL_EBADARG; /* the same on every rank, or the next call finds the difference */
   vcall_t v = {.c = c, .a = a, .rank = coll_comm_rank(c), .size = coll_comm_size(c)};
   v.es = (unsigned)a->dtype < COLL_DTYPE_COUNT ? coll_dtype_size(a->dtype) : 1;
-  v.width = V_HEAD + (a->kind == COLL_ALLTOALL ? (size_t)v.size : 0);
+  v.width = V_HEAD + (size_t)v.size; /* one width for every kind: a row's size never differs */
   v.rows = calloc((size_t)v.size * v.width, sizeof *v.rows);
   v.counts = calloc((size_t)v.size, sizeof *v.counts);
   int64_t *mine = calloc(v.width, sizeof *mine);

@@ -30,17 +30,60 @@ def _flat_like(buf, n):
     return np.empty(n, np.asarray(memoryview(buf)).dtype)
 
 
+_MOVED = {"int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"}  # libcoll's dtypes
+
+
 def _int(x):
-    """x as an int, or -1 (out of every range: the call is refused on every rank)."""
+    """x as a C int, or -1 (out of every range: the call is refused on every rank, not here alone)."""
     try:
-        return operator.index(x)
+        x = operator.index(x)
     except TypeError:
         return -1
+    return x if -2 ** 31 <= x < 2 ** 31 else -1
+
+
+def _odd_item(buf):
+    """The item size of a buffer whose dtype libcoll has no name for (bool, int16, complex, ...),
+    else 0: those move as bytes where nothing is reduced."""
+    if type(buf).__module__.startswith("torch"):
+        return 0 if str(buf.dtype).split(".")[-1] in _MOVED else buf.element_size()
+    try:
+        dtype = np.asarray(memoryview(buf)).dtype if not isinstance(buf, np.ndarray) else buf.dtype
+    except (TypeError, ValueError):
+        return 0  # not a buffer: the C call says so on every rank
+    return 0 if dtype.name in _MOVED else dtype.itemsize
+
+
+def _bytes(buf):
+    """buf's elements as bytes (the same memory)."""
+    if buf is None:
+        return None
+    if type(buf).__module__.startswith("torch"):
+        import torch
+        return buf.reshape(-1).view(torch.uint8)
+    return np.asarray(memoryview(buf)).reshape(-1).view(np.uint8)
+
+
+def _scaled(counts, item):
+    """counts x item, or counts as they are when they are not integers (refused in C, on every rank)."""
+    try:
+        return None if counts is None else [operator.index(k) * item for k in counts]
+    except TypeError:
+        return counts
 
 
 class VariableCollectives:
     def _run_v(self, kind, buf, out, counts, op=0, root=0):
         like = buf if buf is not None else out
+        item = _odd_item(like) if kind != _core.REDUCE_SCATTER and like is not None else 0
+        if item:  # what nothing reduces moves as bytes: counts in bytes, the result viewed back
+            made = []
+
+            def make(n):
+                made.append(_flat_like(like, n // item))
+                return _bytes(made[-1])
+            self._c.run_v(kind, _bytes(buf), _bytes(out), _scaled(counts, item), op, _int(root), make)
+            return made[0] if made else None
         return self._c.run_v(kind, buf, out, counts, op, _int(root), lambda n: _flat_like(like, n))
 
     def allgatherv(self, buf, counts=None, out=None):

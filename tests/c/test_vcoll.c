@@ -109,8 +109,8 @@ static int rank_disagree(int rank, int P, const char *key, void *arg) {
   coll_comm_t *c;
   if (comm_open(rank, P, key, 30, &c)) return 1;
   int bad = 0, rc;
-  size_t n[8] = {2, 2, 2, 2, 2, 2, 2, 2}, other[8] = {2, 2, 2, 2, 2, 2, 2, 2};
-  other[0] = 3;
+  size_t n[8] = {2, 2, 2, 2, 2, 2, 2, 2}, other[8] = {2, 2, 2, 2, 2, 2, 2, 2}, huge[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  other[0] = 3, huge[0] = SIZE_MAX; /* huge: wraps the sum round to 2 * P + 1 */
   int32_t mine[4] = {rank, rank, rank, rank}, out[32];
   const char *text = NULL;
   struct { const char *says; coll_vargs_t a; } cases[] = {
@@ -126,6 +126,10 @@ static int rank_disagree(int rank, int P, const char *key, void *arg) {
                                 .recv_count = rank == 1 ? 1 : (size_t)P}},
       {"no receive buffer", {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .send = mine, .send_count = 1,
                              .recv = rank == 1 ? NULL : out, .recv_count = (size_t)P}},
+      {"more than a buffer can hold", {.kind = COLL_REDUCE_SCATTER, .dtype = COLL_INT32, .counts = huge, .send = mine,
+                                       .send_count = 2 * (size_t)P + 1, .recv = out, .recv_count = 2}},
+      {"different collective", {.kind = rank == 1 ? COLL_ALLTOALL : COLL_GATHER, .dtype = COLL_INT32, .counts = n,
+                                .send = mine, .send_count = rank == 1 ? 2 * (size_t)P : 2, .recv = out, .recv_count = 2 * (size_t)P}},
       {"wrong arguments", {.kind = COLL_SCATTER, .dtype = COLL_INT32, .counts = rank == P - 1 ? NULL : n,
                            .send = mine, .send_count = 2 * (size_t)P, .recv = out, .recv_count = 2}},
   };
@@ -134,6 +138,9 @@ static int rank_disagree(int rank, int P, const char *key, void *arg) {
     EXPECT(rc == COLL_EMISMATCH, "case %zu: %s, want EMISMATCH", k, coll_err_name(rc));
     EXPECT(coll_comm_error(c, &text) == 0 && strstr(text, cases[k].says), "case %zu: the sentence is \"%s\"", k, text);
   }
+  coll_args_t wrong = {.kind = COLL_KIND_COUNT}; /* a later refusal does not carry the last sentence */
+  EXPECT(coll_run(c, &wrong) == COLL_EBADARG && coll_comm_error(c, &text) == 0 && text[0] == 0,
+         "a bad call after a disagreement says \"%s\"", text);
   void *made = NULL; /* one rank's alloc fails: it alone says so, the others get their result */
   coll_vargs_t g = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .send = mine, .send_count = 4,
                     .alloc = rank == 0 ? alloc_none : alloc_plain, .alloc_arg = &made};

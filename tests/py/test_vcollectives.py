@@ -105,3 +105,29 @@ def test_empty_blocks_and_empty_tensors(run_ranks):
     pytest.importorskip("torch")
     for r, got in enumerate(run_ranks(3, _empty_blocks)):
         assert got == ([1.0] * 3, [], [], True, [1.0] * 3 if r == 1 else None, [0.0, 1.0, 2.0] if r == 1 else [])
+
+
+def _other_dtypes(comm):
+    import torch
+    P, r = comm.size, comm.rank
+    counts = [k + 1 for k in range(P)]
+    flags = comm.allgatherv(np.arange(r + 1) % 2 == 0)  # bool: no name in libcoll, moved as bytes
+    shorts = comm.gatherv(np.full(r + 1, -r, np.int16), root=0, counts=counts)
+    cplx = comm.alltoallv(np.full(P, r + 1j, np.complex64), [1] * P)
+    tb = comm.allgatherv(torch.full((r + 1,), r % 2 == 1))
+    mine = comm.scatterv(np.arange(sum(counts), dtype=np.uint16) if r == 0 else None, counts,
+                         out=np.empty(r + 1, np.uint16))
+    return (flags.dtype.name, flags.tolist(), None if shorts is None else shorts.tolist(), cplx.tolist(),
+            str(tb.dtype), tb.tolist(), mine.tolist())
+
+
+def test_dtypes_libcoll_has_no_name_for_move_as_bytes(run_ranks):
+    pytest.importorskip("torch")
+    P = 3
+    at = [0, 1, 3]
+    for r, got in enumerate(run_ranks(P, _other_dtypes)):
+        assert got[0] == "bool" and got[1] == [True, True, False, True, False, True]
+        assert got[2] == ([0, -1, -1, -2, -2, -2] if r == 0 else None)
+        assert got[3] == [k + 1j for k in range(P)]
+        assert got[4] == "torch.bool" and got[5] == [False, True, True, False, False, False]
+        assert got[6] == list(range(at[r], at[r] + r + 1))
