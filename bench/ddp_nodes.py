@@ -12,7 +12,6 @@ data loader or other compute would. The namespaces go at the end, also on Ctrl-C
 asserted.
 """
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ import subprocess
 import sys
 
 import machine  # bench/machine.py: the facts every run records
+from net_bridge import busy  # one busy process per CPU while a block runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,18 +32,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HBMCOLL_QUIET="1", GLOO_SOCKET_IFNAM
            PYTHONPATH=os.path.join(ROOT, "pymod"))
 for _k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
     ENV.pop(_k, None)
-
-
-@contextlib.contextmanager
-def busy(on):
-    """One busy process per CPU while the block runs (none unless on)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() if on else 0)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def run(nodes, a, port):

@@ -154,6 +154,27 @@ static int reduce_scatter_cases(int me, int n, coll__net_ring_t *ring) {
   return bad;
 }
 
+/* 1 (and a line) when some got[i] is not (uint8_t)(i * step + base). */
+static int pattern_wrong(int me, const char *what, int k, const uint8_t *got, size_t len, size_t step, size_t base) {
+  for (size_t i = 0; i < len; i++)
+    if (got[i] != (uint8_t)(i * step + base)) {
+      fprintf(stderr, "member %d: %s %d of %zu: byte %zu wrong\n", me, what, k, len, i);
+      return 1;
+    }
+  return 0;
+}
+
+/* An allreduce around the ring after another kind of run (what, k): 1 when it fails or is wrong. */
+static int allreduce_after(int me, int n, coll__net_ring_t *ring, const char *what, int k) {
+  char err[256] = "";
+  int32_t x[1000];
+  for (int i = 0; i < 1000; i++) x[i] = me + i;
+  int rc = coll__net_ring_allreduce(ring, COLL_INT32, COLL_SUM, x, 1000, 60, err, sizeof err);
+  if (rc == 0 && x[999] == n * 999 + n * (n - 1) / 2) return 0;
+  fprintf(stderr, "member %d: allreduce after %s %d: %d %s\n", me, what, k, rc, err);
+  return 1;
+}
+
 /* Shifts by every distance (the pairwise steps of an alltoall), sizes up to several chunks,
  * then an allreduce around the ring again: member me - j's bytes must arrive whole, and the
  * neighbours' change each way must not let a write into a slot not yet read. */
@@ -169,18 +190,9 @@ static int shift_cases(int me, int n, coll__net_ring_t *ring) {
       for (size_t i = 0; i < len; i++) src[i] = (uint8_t)(i * 5 + (size_t)me * 37 + (size_t)j);
       int rc = coll__net_ring_shift(ring, j, src, dst, len, 60, err, sizeof err);
       if (rc) fprintf(stderr, "member %d: shift %d of %zu: %d %s\n", me, j, len, rc, err), bad++;
-      for (size_t i = 0; rc == 0 && i < len; i++)
-        if (dst[i] != (uint8_t)(i * 5 + (size_t)from * 37 + (size_t)j)) {
-          fprintf(stderr, "member %d: shift %d of %zu: byte %zu wrong\n", me, j, len, i);
-          bad++;
-          break;
-        }
+      if (rc == 0) bad += pattern_wrong(me, "shift", j, dst, len, 5, (size_t)from * 37 + (size_t)j);
       free(src), free(dst);
-      int32_t x[1000];
-      for (int i = 0; i < 1000; i++) x[i] = me + i;
-      rc = coll__net_ring_allreduce(ring, COLL_INT32, COLL_SUM, x, 1000, 60, err, sizeof err);
-      if (rc || x[999] != n * 999 + n * (n - 1) / 2)
-        fprintf(stderr, "member %d: allreduce after shift %d: %d %s\n", me, j, rc, err), bad++;
+      bad += allreduce_after(me, n, ring, "shift", j);
     }
   return bad;
 }
@@ -199,18 +211,9 @@ static int bcast_cases(int me, int n, coll__net_ring_t *ring) {
       for (size_t i = 0; i < len; i++) buf[i] = me == root ? (uint8_t)(i * 3 + (size_t)root * 41) : 0xee;
       int rc = coll__net_ring_bcast(ring, root, buf, len, 60, err, sizeof err);
       if (rc) fprintf(stderr, "member %d: bcast from %d of %zu: %d %s\n", me, root, len, rc, err), bad++;
-      for (size_t i = 0; rc == 0 && i < len; i++)
-        if (buf[i] != (uint8_t)(i * 3 + (size_t)root * 41)) {
-          fprintf(stderr, "member %d: bcast from %d of %zu: byte %zu wrong\n", me, root, len, i);
-          bad++;
-          break;
-        }
+      if (rc == 0) bad += pattern_wrong(me, "bcast from", root, buf, len, 3, (size_t)root * 41);
       free(buf);
-      int32_t x[1000];
-      for (int i = 0; i < 1000; i++) x[i] = me + i;
-      rc = coll__net_ring_allreduce(ring, COLL_INT32, COLL_SUM, x, 1000, 60, err, sizeof err);
-      if (rc || x[999] != n * 999 + n * (n - 1) / 2)
-        fprintf(stderr, "member %d: allreduce after bcast from %d: %d %s\n", me, root, rc, err), bad++;
+      bad += allreduce_after(me, n, ring, "bcast from", root);
     }
   return bad;
 }
