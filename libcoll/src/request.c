@@ -148,7 +148,7 @@ void coll__worker_forget(coll_comm_t *c) {
 int coll_start(coll_comm_t *c, const coll_args_t *a, coll_req_t **req_p) {
   if (c == NULL || a == NULL || req_p == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
-  coll__keep_text(c, "");
+  if (c->span || c->error_text[0]) coll__keep_text(c, ""); /* one load on one node's hot path */
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;
@@ -254,7 +254,7 @@ static int run_ordered(coll_comm_t *c, const coll_args_t *a) {
 int coll_run(coll_comm_t *c, const coll_args_t *a) {
   if (c == NULL || a == NULL) return COLL_EBADARG;
   if (coll__forked(c)) return COLL_EFORKED;
-  coll__keep_text(c, "");
+  if (c->span || c->error_text[0]) coll__keep_text(c, ""); /* one load on one node's hot path */
   int rc = coll__check_args(c, a);
   if (rc) return rc;
   if (c->error) return c->error;
