@@ -7,10 +7,21 @@
  * wait too: each runs a poll and yields back, in microseconds. But a yield to a task that
  * computes (a data loader, a busy loop) hands it a whole slice, milliseconds, at every yield:
  * beside a busy process per core those 2 ms of yields cost several slices per wait. So a wait
- * yields while yields come back quickly, and sleeps once one did not: the first long yield says
- * the core is wanted, and for the next COLL_CORE_WANTED_S every node wait of this process goes
- * to its futex at once, then yields are tried again. (The bridge's waits, net_wait.c, already
- * block after a short spin.)
+ * yields while yields come back quickly, and sleeps once they did not: a long yield confirmed
+ * (below) says the core is wanted, and for the next COLL_CORE_WANTED_S every node wait of this
+ * process goes to its futex at once, then yields are tried again. (The bridge's waits,
+ * net_wait.c, already block after a short spin.)
+ *
+ * Confirmed, because on a VM the hypervisor takes the vCPU away now and then (several gaps a
+ * second over 300 us on an idle guest here), and a yield it lands in reads long with no task
+ * beside us. One such yield a second kept every wait on its futex, and the node's collectives ran
+ * 2-4x slower for minutes while the peers' were normal (issue 33's outlier, bench/README.md).
+ * So after each long yield the thread reads its run-queue delay (/proc/thread-self/schedstat),
+ * which grows while a task of this machine holds the core we are ready to run on, and not while
+ * the hypervisor does: a long yield within COLL_CORE_CONFIRM_S of the thread's last one, with the
+ * delay grown by half its length since then, says the core is wanted. Beside a busy task one
+ * yield in two or three is long (the others come back at once, ahead of its next slice), so it
+ * says so within a few yields. Without schedstat, two long yields that close say it.
  *
  * The threshold sits between the two kinds of yield measured here: back from a rank of ours in
  * a few microseconds, back from a busy process after its slice (milliseconds). A rank of ours
@@ -19,14 +30,20 @@
  */
 #include "core_share.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Until when the core counts as wanted, CLOCK_MONOTONIC ns; one for the process (every thread
  * that waits shares the answer). */
 static _Atomic int64_t share_until_ns;
+/* This thread's last long yield: when it ended (ns) and its run-queue delay then (-1: unknown). */
+static _Thread_local int64_t share_last_long_ns;
+static _Thread_local long long share_last_delay_ns = -1;
 
 double coll__core_now(void) {
   struct timespec ts;
@@ -34,17 +51,36 @@ double coll__core_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void share_gap(double gap, double now) {
-  if (gap >= COLL_CORE_YIELD_LONG_S)
-    atomic_store_explicit(&share_until_ns, (int64_t)((now + COLL_CORE_WANTED_S) * 1e9), memory_order_relaxed);
+/* This thread's time ready to run but not running, ns (the second field of its schedstat);
+ * -1 where the kernel does not say. Read after long yields only: a few microseconds. */
+static long long share_run_delay_ns(void) {
+  char buf[96];
+  int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char *field, *end;
+  strtoull(buf, &field, 10);
+  unsigned long long delay = strtoull(field, &end, 10);
+  return field == buf || end == field ? -1 : (long long)delay;
 }
 
 int coll__core_yield(void) {
   double t0 = coll__core_now();
   sched_yield();
-  double t1 = coll__core_now();
-  share_gap(t1 - t0, t1);
-  return t1 - t0 >= COLL_CORE_YIELD_LONG_S;
+  double t1 = coll__core_now(), gap = t1 - t0;
+  if (gap < COLL_CORE_YIELD_LONG_S) return 0;
+  int64_t at = (int64_t)(t1 * 1e9), last = share_last_long_ns;
+  long long delay = share_run_delay_ns(), last_delay = share_last_delay_ns;
+  share_last_long_ns = at;
+  share_last_delay_ns = delay;
+  int close_by = last && at - last < (int64_t)(COLL_CORE_CONFIRM_S * 1e9);
+  int a_task = delay < 0 || last_delay < 0 || (double)(delay - last_delay) >= 0.5e9 * gap;
+  if (!close_by || !a_task) return 1;
+  atomic_store_explicit(&share_until_ns, at + (int64_t)(COLL_CORE_WANTED_S * 1e9), memory_order_relaxed);
+  return 2;
 }
 
 int coll__core_wanted(double now) {

@@ -1,9 +1,11 @@
 /*
  * test_core_share.c - a yield tells a core wanted by a busy process from one shared with our own
  * ranks (libcoll/src/core_share.c), and the waits act on it:
- *  - pinned to one CPU beside a busy process pinned there too, a yield hands it a slice: one of
- *    a few yields says so (coll__core_yield 1), the core then counts as wanted, and it stops
- *    counting COLL_CORE_WANTED_S later without another long yield;
+ *  - pinned to one CPU beside a busy process pinned there too, a yield hands it a slice: within
+ *    a few yields a long one is confirmed by the next (coll__core_yield 2), the core then counts
+ *    as wanted, and it stops counting COLL_CORE_WANTED_S later without another long yield;
+ *  - yields made long by stopping the process now and then (SIGSTOP / SIGCONT from the other
+ *    CPU: the vCPU taken away, as a hypervisor does) never make the core wanted;
  *  - a node wait (sync.c) that starts with the core wanted, for a rank 200 ms late, sleeps on
  *    its futex (voluntary context switches, getrusage; a wait that only yielded would have none)
  *    and still sees the late rank's arrival. Main's waits sleep there too, after 2 ms of
@@ -58,7 +60,7 @@ static void test_a_busy_neighbour_is_seen(void) {
   pid_t busy = busy_on(0);
   pin_to(0);
   int longs = 0;
-  for (int k = 0; k < 200 && !longs; k++) longs = coll__core_yield();
+  for (int k = 0; k < 200 && longs < 2; k++) longs = coll__core_yield();
   int wanted = coll__core_wanted(coll__core_now());
   stop(busy);
   double wake_at = coll__core_now() + COLL_CORE_WANTED_S + 0.02;
@@ -67,8 +69,48 @@ static void test_a_busy_neighbour_is_seen(void) {
   char why[160];
   snprintf(why, sizeof why, "a long yield: %d, wanted then: %d, wanted %.0f ms later: %d", longs, wanted,
            1e3 * (COLL_CORE_WANTED_S + 0.02), after);
-  record(longs && wanted && !after, "a yield to a busy process reads as wanted, for a while", 1, now_s() - t0,
-         longs && wanted && !after ? NULL : why);
+  record(longs == 2 && wanted && !after, "a yield to a busy process reads as wanted, for a while", 1, now_s() - t0,
+         longs == 2 && wanted && !after ? NULL : why);
+}
+
+/* In a child, pinned to CPU 0, whose process-wide state starts clean: yield for up to 3 s while
+ * a process on CPU 1 stops and continues it every 2 ms, until 20 yields were long. 0 when the
+ * core never counted as wanted. */
+static int stolen_yields(void) {
+  pid_t me = getpid(), thief = fork();
+  if (thief == 0) {
+    pin_to(1);
+    for (;;) {
+      usleep(2000);
+      kill(me, SIGSTOP);
+      usleep(1000);
+      kill(me, SIGCONT);
+    }
+  }
+  pin_to(0);
+  int longs = 0, wanted = 0;
+  double end = coll__core_now() + 3;
+  while (longs < 20 && coll__core_now() < end) {
+    longs += coll__core_yield() != 0;
+    wanted |= coll__core_wanted(coll__core_now());
+  }
+  stop(thief);
+  if (longs < 20 || wanted) {
+    fprintf(stderr, "%d yields read long (20 wanted), core wanted: %d\n", longs, wanted);
+    return 1;
+  }
+  return 0;
+}
+
+static void test_stolen_yields_are_not_a_task(void) {
+  double t0 = now_s();
+  pid_t pid = fork();
+  if (pid == 0) _exit(stolen_yields());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  record(ok, "yields made long by a stopped process do not make the core wanted", 1, now_s() - t0,
+         ok ? NULL : "see the line above");
 }
 
 /* Rank 1 arrives 200 ms late; rank 0 waits beside a busy process on its CPU. 0, or 1 when rank
@@ -81,7 +123,7 @@ static int rank_late_barrier(int rank, int size, const char *key, void *arg) {
   pin_to(rank);
   if (rank == 0) {
     busy = busy_on(0);
-    for (int k = 0; k < 200 && !coll__core_yield(); k++) {
+    for (int k = 0; k < 200 && coll__core_yield() < 2; k++) {
     } /* the wait below finds the core wanted */
   } else {
     usleep(200000);
@@ -106,6 +148,7 @@ int main(void) {
     printf("skip: one CPU\n0 passed, 0 failed\n");
     return 0;
   }
+  test_stolen_yields_are_not_a_task();
   test_a_busy_neighbour_is_seen();
   spawn_expect("a node wait beside a busy process sleeps", 2, 60, NULL, rank_late_barrier, NULL, -1);
   printf("%lu passed, %lu failed\n", test_passed, test_failed);
