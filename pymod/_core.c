@@ -378,6 +378,12 @@ static PyObject *comm_get_single_copy(hb_comm_t *self, void *c) {
   (void)c;
   return PyLong_FromLong(self->comm ? coll_comm_single_copy(self->comm) : 0);
 }
+static PyObject *comm_get_staging(hb_comm_t *self, void *c) {
+  (void)c;
+  double t[2] = {0, 0};
+  size_t from = self->comm ? coll_comm_stage_streaming(self->comm, t) : 0;
+  return Py_BuildValue("(ndd)", (Py_ssize_t)from, t[0], t[1]);
+}
 static PyObject *comm_get_algorithm(hb_comm_t *self, void *c) {
   (void)c;
   return PyUnicode_FromString(self->comm ? coll_comm_algorithm(self->comm) : "");
@@ -424,6 +430,9 @@ static PyGetSetDef comm_getset[] = {
     {"single_copy", (getter)comm_get_single_copy, NULL,
      "bit (1 << kind) per collective (BCAST, GATHER) whose large messages copy straight "
      "between the ranks' own buffers; 0 none", NULL},
+    {"staging", (getter)comm_get_staging, NULL,
+     "(bytes, ordinary_s, streaming_s): staged chunks from this size are written with streaming "
+     "stores (0 none), and the creation probe's best times (0: no probe)", NULL},
     {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
     {"algorithm", (getter)comm_get_algorithm, NULL, "what the last collective ran as ('' before one)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

@@ -257,6 +257,11 @@ int coll_comm_error(const coll_comm_t *comm, const char **text_p);
  * copy straight between the ranks' own buffers (HBMCOLL_CMA asks for it, and
  * process_vm_readv/writev works between every pair of ranks); 0 for none. */
 int coll_comm_single_copy(const coll_comm_t *comm);
+/* The size from which the chunks this rank stages for its peers are written with streaming
+ * stores (HBMCOLL_STAGE_STREAM_MIN, or what the communicator measured when it was made:
+ * 0 for none, or a NULL comm), and the probe's best times in seconds, ordinary and
+ * streaming (0 where there was no probe). */
+size_t coll_comm_stage_streaming(const coll_comm_t *comm, double times_s[2]);
 /* The algorithm the last collective on comm ran as ("flat", "rsag", "push", "tree",
  * "eager", "pipelined", "arena", "single-copy", "exchange", ...), for logs and timelines; a
  * static string, "" before the first. */

@@ -236,8 +236,8 @@ static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {
     uint8_t *slot = NULL;
     if (k < K && !zc) { /* stage what peers reduce: all but my own slice */
       if ((rc = coll__stage(c, t, &slot)) != 0) return rc;
-      memcpy(slot, send + off * es, mlo * es);
-      memcpy(slot + mhi * es, send + (off + mhi) * es, (n - mhi) * es);
+      coll__stage_copy(c, slot, send + off * es, mlo * es);
+      coll__stage_copy(c, slot + mhi * es, send + (off + mhi) * es, (n - mhi) * es);
       coll__publish_staged(c, t, -1, t + 1); /* the result slice is read one round later */
     } else {
       coll__publish(c, t);

@@ -41,7 +41,7 @@ static int bcast_give(coll_comm_t *c, const coll_args_t *a, size_t nbytes, int a
   uint8_t *slot;
   int rc = coll__stage(c, t0, &slot);
   if (rc) return rc;
-  if (nbytes) memcpy(slot, buf, coll__min(chunk, nbytes));
+  if (nbytes) coll__stage_copy(c, slot, buf, coll__min(chunk, nbytes));
   coll__round_begin(c, a, algo, 0, 0);
   coll__publish_staged(c, t0, -1, t0);
   coll__round_unchecked(c, t0);

@@ -38,7 +38,7 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   uint8_t *slot = NULL;
   if (me != root) { /* staged before the descriptor: one publication carries both */
     if ((rc = coll__stage(c, t0, &slot)) != 0) return rc;
-    if (nbytes) memcpy(slot, a->send, nbytes);
+    if (nbytes) coll__stage_copy(c, slot, a->send, nbytes);
   }
   coll__round_begin(c, a, GA_EAGER, 0, 0);
   coll__round_end(c, t0);

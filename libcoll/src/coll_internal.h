@@ -106,6 +106,8 @@ typedef struct {
   int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
+  size_t stage_stream_min;  /* copies into a slot a peer reads use streaming stores from here */
+  int stage_stream_auto;    /* HBMCOLL_STAGE_STREAM_MIN unset or auto: measured (stage_probe.c) */
   size_t p2p_cells;         /* point-to-point cells per ordered pair (HBMCOLL_P2P_CELLS) */
   int p2p_cma;              /* HBMCOLL_P2P_CMA: 0 never pull large messages with CMA */
   int pipeline_chunks;      /* HBMCOLL_PIPELINE_CHUNKS: the allreduce across nodes' chunks, 0 measured */
@@ -145,6 +147,7 @@ struct coll_comm {
   int *pidfd;                 /* per peer, from the bootstrap; -1 if none */
   long spin_iters;
   int yield_budget; /* sched_yield calls before sleeping on the futex */
+  double stage_probe_s[2]; /* best probe batch, ordinary and streaming staging (stage_probe.c) */
   /* interrupt check, only for inline (caller thread) runs */
   coll_interrupt_fn interrupt_fn;
   void *interrupt_arg;
@@ -237,6 +240,11 @@ int coll__execute(coll_comm_t *c, const coll_args_t *a);
  * larger than the caches; coll__stream_fence() after the last of them, before publishing. */
 void coll__copy_stream(void *dst, const void *src, size_t n);
 void coll__stream_fence(void);
+/* Copy into my slot what a peer reads next: with streaming stores (then fenced) from
+ * HBMCOLL_STAGE_STREAM_MIN, so the reader's loads come from memory, not from my cache. */
+void coll__stage_copy(const coll_comm_t *c, void *slot, const void *src, size_t n);
+/* At creation: measure whether staging copies should stream (stage_probe.c); collective. */
+int coll__stage_probe(coll_comm_t *c);
 /* memcpy, or coll__copy_stream when `stream` (the caller fences). */
 void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream);
 int coll__cpu_rep_movsb_fast(void);

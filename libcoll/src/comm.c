@@ -207,7 +207,6 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   c->allow_interrupt = 0;
   c->creating = 0;
   if (rc) return rc;
-  c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
   if ((rc = coll__tree_init(c)) != 0) /* every rank's place is known since the barrier */
     return comm_fail_local(c, rc, "out of memory");
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
@@ -216,7 +215,9 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   int roomy = coll__job_cpus(c) >= c->size;
   if (c->params.spin_iters < 0) c->spin_iters = roomy ? 20000 : 64;
   c->yield_budget = roomy ? 1 << 30 : 2;
-  return 0;
+  rc = coll__stage_probe(c);
+  c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
+  return rc;
 }
 
 static int comm_create_from(const coll_comm_config_t *cfg, coll_comm_t *parent,

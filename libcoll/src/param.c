@@ -37,6 +37,9 @@
  *   HBMCOLL_P2P_CMA      0: point-to-point never pulls a large message straight from the
  *                        sender's memory, it goes through the cells (default 1: where the
  *                        kernel allows it)
+ *   HBMCOLL_STAGE_STREAM_MIN  chunks staged for a peer (a slot it reads) are written with
+ *                        streaming stores from this size; "off" for never (default "auto":
+ *                        measured when the communicator is made, stage_probe.c)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
@@ -265,6 +268,12 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
     rc = param_size("HBMCOLL_REP_MOVSB_MIN",
                     coll__cpu_rep_movsb_fast() ? (size_t)1 << 20 : SIZE_MAX, 0,
                     &p->rep_movsb_min, err, errlen);
+  const char *stage = getenv("HBMCOLL_STAGE_STREAM_MIN");
+  p->stage_stream_auto = !stage || !*stage || strcasecmp(stage, "auto") == 0;
+  if (rc == 0 && stage && strcasecmp(stage, "off") == 0)
+    p->stage_stream_min = SIZE_MAX;
+  else if (rc == 0)
+    rc = param_size("HBMCOLL_STAGE_STREAM_MIN", SIZE_MAX, 0, &p->stage_stream_min, err, errlen);
   return rc;
 }
 

@@ -108,7 +108,7 @@ int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int read
   uint8_t *slot;
   int rc = coll__stage(c, t, &slot);
   if (rc) return rc;
-  if (len) memcpy(slot, src, len);
+  if (len) coll__stage_copy(c, slot, src, len);
   coll__publish_staged(c, t, reader, t);
   return 0;
 }

@@ -103,6 +103,15 @@ static void copy_rep_movsb(void *dst, const void *src, size_t n) {
 #endif
 }
 
+void coll__stage_copy(const coll_comm_t *c, void *slot, const void *src, size_t n) {
+  if (n < c->params.stage_stream_min) {
+    memcpy(slot, src, n);
+    return;
+  }
+  coll__copy_stream(slot, src, n);
+  coll__stream_fence();
+}
+
 void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream) {
   if (stream) coll__copy_stream(dst, src, n);
   else if (n >= c->params.rep_movsb_min && (((uintptr_t)dst - (uintptr_t)src) & 63) == 0)

@@ -218,6 +218,8 @@ int main(int argc, char **argv) {
                                          "HBMCOLL_PUSH_STREAM_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
+  const char *const staged_streamed[] = {"HBMCOLL_STAGE_STREAM_MIN=0", NULL};
+  const char *const staged_ordinary[] = {"HBMCOLL_STAGE_STREAM_MIN=off", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
   const char *const trees[] = {"HBMCOLL_ALGO=barrier=tree,bcast=tree,gather=tree,reduce=tree,allreduce=tree", NULL};
   const char *const gather_single_copy[] = {"HBMCOLL_CMA=gather", NULL};
@@ -234,6 +236,10 @@ int main(int argc, char **argv) {
       spawn("matrix single copy from 1 B, slot=4096", P, 600, all_single_copy, rank_matrix, (void *)&yes);
     if ((P == 2 || P == 3) && CASE("matrix streaming stores from 0 B"))
       spawn("matrix streaming stores from 0 B", P, 600, push_always, rank_matrix, NULL);
+    if ((P == 2 || P == 3 || P == 5) && CASE("matrix staged with streaming stores from 0 B"))
+      spawn("matrix staged with streaming stores from 0 B", P, 600, staged_streamed, rank_matrix, NULL);
+    if ((P == 2 || P == 3) && CASE("matrix staged with ordinary stores"))
+      spawn("matrix staged with ordinary stores", P, 600, staged_ordinary, rank_matrix, NULL);
     if ((P == 2 || P == 3) && CASE("matrix rep movsb from 0 B"))
       spawn("matrix rep movsb from 0 B", P, 600, rep_movsb_always, rank_matrix, NULL);
     if ((P == 3 || P == 5) && CASE("matrix on the tree"))

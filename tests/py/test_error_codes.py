@@ -70,7 +70,7 @@ def test_topology_errors_carry_the_code():
 
 
 @pytest.mark.parametrize("var, value", [("HBMCOLL_SPIN", "abc"), ("HBMCOLL_ARENA_BYTES", "1X"),
-                                        ("HBMCOLL_TIMEOUT", "abc")])
+                                        ("HBMCOLL_TIMEOUT", "abc"), ("HBMCOLL_STAGE_STREAM_MIN", "fast")])
 def test_malformed_variable_is_an_argument_error_naming_it(var, value):
     code = ("import hbmcoll\ntry:\n    hbmcoll.init()\nexcept hbmcoll.ArgumentError as e:\n"
             "    print(e.code, e.name, e)\n")
