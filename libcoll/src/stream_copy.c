@@ -7,9 +7,11 @@
  * A large result written with ordinary stores costs three memory transfers
  * per line: the line is first read (read for ownership), then written back.
  * Streaming stores skip the read and do not evict what the caches hold, so a
- * message far larger than the caches moves a third less data. For data that
- * is read again soon (a slot a peer reads next round, a message that fits in
- * cache) they are slower, which is why callers use them only above a size.
+ * message far larger than the caches moves a third less data. For data this
+ * core reads again soon (a message that fits in cache) they are slower, which
+ * is why callers use them only above a size. A chunk staged for another core
+ * is another matter: read from memory it can beat the writer's cache, and
+ * whether it does is measured per communicator (coll__stage_copy, stage_probe.c).
  * They are weakly ordered: a caller calls coll__stream_fence() after its
  * last streaming copy and before it publishes the flag that says the data
  * is there. (A fence after every copy would wait for each copy's stores to
