@@ -8,11 +8,22 @@ reader can tell a noisy run from a slow library.
 
 Method (like `sysjitter` / `hiccups`): one process pinned to each usable CPU reads the clock in a
 tight loop for `seconds`; any gap between two reads longer than `threshold_us` is a pause.
+
+Core to core (`cross_core`): on the AMD EPYC VM of bench/README.md the hypervisor now and then ran
+the two vCPUs where data one wrote reached the other 4x slower, for seconds at a time; staged
+copies felt it and single copies did not, so one library's launch could be 3x slower while the
+next library's was not. The suite samples the rate (bench/c/xcore_bench.c, 256 KiB turns, about
+0.1 s) before every launch and names the launches that ran after a sample under half the best.
 """
 import multiprocessing as mp
 import os
 import queue
+import re
+import subprocess
+import tempfile
 import time
+
+XCORE_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c", "xcore_bench.c")
 
 
 def _probe(cpu, seconds, threshold_ns, q):
@@ -72,3 +83,51 @@ def describe(n):
     return (f"{w['pauses_per_s']:.0f} pauses/s over {n['threshold_us']:.0f} us, "
             f"{w['lost_fraction']:.1%} of the time lost, longest {w['longest_us']:,.0f} us "
             f"(worst CPU, {w['cpu']})")
+
+
+def _xcore_exe():
+    """bench/c/xcore_bench.c compiled (again when its source is newer) in the temp folder; None
+    without the source (an installed suite) or a compiler."""
+    if not os.path.exists(XCORE_SRC):
+        return None
+    exe = os.path.join(tempfile.gettempdir(), f"hbmcoll-xcore-bench-{os.getuid()}")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(XCORE_SRC):
+        tmp = f"{exe}.{os.getpid()}"
+        p = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-O2", XCORE_SRC, "-o", tmp],
+                           capture_output=True, text=True)
+        if p.returncode:
+            return None
+        os.replace(tmp, exe)
+    return exe
+
+
+def cross_core(nbytes=256 << 10):
+    """GB/s at which data one pinned core writes reaches another (xcore_bench), or None."""
+    exe = _xcore_exe()
+    if exe is None or len(os.sched_getaffinity(0)) < 2:
+        return None
+    try:
+        out = subprocess.run([exe, str(nbytes)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"([0-9.]+) GB/s", out)
+    return float(m.group(1)) if m else None
+
+
+def slow_cross_core(tasks):
+    """One line naming the launches whose core-to-core sample was under half the run's best."""
+    rates = [t["xcore_gbps"] for t in tasks if t.get("xcore_gbps")]
+    if not rates:
+        return None
+    best = max(rates)
+    def name(t):
+        r = t.get("round")
+        return f"{t['label']} " + (f"round {r + 1}" if isinstance(r, int) else str(r))
+    slow = [f"{name(t)} ({t['xcore_gbps']:.1f})" for t in tasks
+            if t.get("xcore_gbps") and t["xcore_gbps"] < best / 2]
+    return (f"Core to core before each launch (`bench/c/xcore_bench.c`, 256 KiB turns): "
+            f"{min(rates):.1f}-{best:.1f} GB/s, median {sorted(rates)[len(rates) // 2]:.1f}; " +
+            (f"under half the best before {len(slow)} of {len(rates)} launches ({', '.join(slow)}): "
+             "those ran while the host slowed core-to-core traffic (bench/README.md, \"A host that "
+             "moves its vCPUs apart\"), which hits staged copies and not single ones."
+             if slow else "no launch under half the best."))

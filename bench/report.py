@@ -165,6 +165,9 @@ def markdown(summ, lim, meta, oversub, tg=None, tg_hosts=None):
                    "gap is time the CPU was taken away): at the start " +
                    (noise.describe(hn.get("start")) or "not measured") + "; at the end " +
                    (noise.describe(hn.get("end")) or "not measured") + ".")
+    xc = noise.slow_cross_core(meta.get("tasks", []))
+    if xc:
+        out.append(xc)
     var = [t["meta"]["variation_us"] for t in meta.get("tasks", []) if t.get("meta")]
     if var:
         out.append(f"Every latency includes the same data-variation step (buffer rotation and "

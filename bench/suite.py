@@ -359,6 +359,7 @@ def run_task(task, raw, timeout, idle_wait=0):
     prefix = os.path.join(raw, tag)
     cmd = command(lib, P, spec_path, prefix)
     busy = wait_idle(idle_wait)
+    xcore = noise.cross_core()
     snap = machine.cpu_snapshot()
     status, wall = launch(cmd, env_with(env_extra), timeout, prefix + ".log")
     if lib == "deepspeed":   # its shm segments, if a rank died before unlinking its own
@@ -368,7 +369,7 @@ def run_task(task, raw, timeout, idle_wait=0):
     other = machine.foreign_busy(snap, machine.cpu_snapshot())
     got = report.collect(prefix, P) if status == "ok" else None
     rec = {"label": label, "library": lib, "P": P, "round": rnd, "status": status,
-           "wall_s": wall, "busy_before": busy, "busy_other": other,
+           "wall_s": wall, "busy_before": busy, "busy_other": other, "xcore_gbps": xcore,
            "command": " ".join(cmd), "env": env_extra, "log": prefix + ".log"}
     if status == "ok" and got is None:
         rec["status"] = "missing rank files"
@@ -377,7 +378,7 @@ def run_task(task, raw, timeout, idle_wait=0):
     meta, stats = got
     rec["meta"] = meta
     topo = meta.get("topology") or {}
-    common = {"busy_before": busy, "busy_other": other, "round": rnd, "label": label,
+    common = {"busy_before": busy, "busy_other": other, "xcore_gbps": xcore, "round": rnd, "label": label,
               "library": lib, "P": P, "launcher": cmd[0],
               "variation_us": meta["variation_us"], "buffers": spec.get("buffers", "numpy"),
               "memory": spec.get("memory"), "bind": spec.get("bind"), "status": "ok",

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(BENCH, "workers"))
 import common  # noqa: E402
 import floor_worker  # noqa: E402
 import limits  # noqa: E402
+import noise  # noqa: E402
 import report  # noqa: E402
 import targets  # noqa: E402
 
@@ -218,6 +219,9 @@ def test_suite_runs_and_writes_files(tmp_path):
         assert len(list(csv.DictReader(f))) == len(doc["summary"])
     table = open(os.path.join(run, "table.md")).read()
     assert "## allreduce, 2 ranks" in table
+    if doc["meta"]["machine"]["usable_cpus"] >= 2:  # a core-to-core sample before every launch
+        assert all(t["xcore_gbps"] > 0 for t in doc["meta"]["tasks"]), doc["meta"]["tasks"]
+        assert "Core to core before each launch" in table
     # the issue-4 targets are checked in every run that has the peers (64 KiB allreduce here)
     if "mpi4py" in doc["meta"]["libraries"] and "hbmcoll" in doc["meta"]["libraries"]:
         ar64 = [t for t in doc["targets"] if t["target"] == "allreduce 64 KiB >= 3x MPICH"]
@@ -230,6 +234,15 @@ def test_suite_runs_and_writes_files(tmp_path):
     for lb, colls in (("floor", ["allreduce"]), ("floor-staged", ["allreduce", "gather", "bcast"])):
         floor = {(s["collective"], s["size"]) for s in doc["summary"] if s["label"] == lb}
         assert floor == {(c, z) for c in colls for z in (8, 65536)}, (lb, floor)
+
+
+def test_launches_after_a_slow_core_to_core_sample_are_named():
+    tasks = [{"label": "mpi4py", "round": 0, "xcore_gbps": 9.0}, {"label": "hbmcoll-numpy", "round": 0,
+             "xcore_gbps": 2.2}, {"label": "hbmcoll-numpy", "round": "oversub", "xcore_gbps": 5.0},
+             {"label": "torch", "round": 1, "xcore_gbps": None}]
+    line = noise.slow_cross_core(tasks)
+    assert "2.2-9.0 GB/s" in line and "before 1 of 3 launches (hbmcoll-numpy round 1 (2.2))" in line, line
+    assert noise.slow_cross_core([{"label": "x", "round": 0}]) is None
 
 
 def test_an_unknown_library_is_refused_with_the_valid_names():
