@@ -3,7 +3,7 @@
 # with __dlpack__ (torch); results come back of the caller's kind, hence TypeVars.
 import builtins
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Literal, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Dict, Generic, Literal, Optional, Sequence, TypeVar, Union, overload
 
 import numpy as np
 
@@ -64,6 +64,8 @@ class Communicator:
     def pu(self) -> Optional[int]: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def staging(self) -> Dict[str, Any]: ...
     def barrier(self) -> None: ...
     def bcast(self, buf: B, root: int = ...) -> B: ...
     @overload

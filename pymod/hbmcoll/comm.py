@@ -188,6 +188,16 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
         kinds = self._c.single_copy
         return tuple(name for name, k in (("bcast", _BCAST), ("gather", _GATHER)) if kinds >> k & 1)
 
+    @property
+    def staging(self):
+        """How this rank writes the chunks it stages for its peers: {"streaming_from": bytes
+        from which it uses streaming stores (None: never), "probe_us": the best batch of the
+        probe the communicator ran when it was made, (ordinary, streaming) in microseconds, or
+        None without a probe}. HBMCOLL_STAGE_STREAM_MIN sets it; "auto" (the default) measures."""
+        start, ordinary, streaming = self._c.staging
+        return {"streaming_from": start or None,
+                "probe_us": (ordinary * 1e6, streaming * 1e6) if ordinary else None}
+
     def __repr__(self):
         where = f", node {self.node} of {self.nodes}" if self.nodes > 1 else ""
         return f"<hbmcoll.Communicator rank {self.rank} of {self.size}{where}>"
