@@ -13,12 +13,14 @@ Core to core (`cross_core`): on the AMD EPYC VM of bench/README.md the hyperviso
 the two vCPUs where data one wrote reached the other 4x slower, for seconds at a time; staged
 copies felt it and single copies did not, so one library's launch could be 3x slower while the
 next library's was not. The suite samples the rate (bench/c/xcore_bench.c, 256 KiB turns, about
-0.1 s) before every launch and names the launches that ran after a sample under half the best.
+0.2 s) before every launch and names the launches that ran after a sample under half the best.
 """
 import multiprocessing as mp
 import os
 import queue
 import re
+import shlex
+import signal
 import subprocess
 import tempfile
 import time
@@ -85,20 +87,23 @@ def describe(n):
             f"(worst CPU, {w['cpu']})")
 
 
+_xcore = {}  # this process's build of xcore_bench: its path, or None when it cannot be built
+
+
 def _xcore_exe():
-    """bench/c/xcore_bench.c compiled (again when its source is newer) in the temp folder; None
-    without the source (an installed suite) or a compiler."""
-    if not os.path.exists(XCORE_SRC):
-        return None
-    exe = os.path.join(tempfile.gettempdir(), f"hbmcoll-xcore-bench-{os.getuid()}")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(XCORE_SRC):
-        tmp = f"{exe}.{os.getpid()}"
-        p = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-O2", XCORE_SRC, "-o", tmp],
-                           capture_output=True, text=True)
-        if p.returncode:
-            return None
-        os.replace(tmp, exe)
-    return exe
+    """bench/c/xcore_bench.c compiled once per process into a private temporary folder; None
+    without the source (an installed suite) or a working compiler ($CC, default cc)."""
+    if "exe" not in _xcore:
+        _xcore["exe"] = None
+        if os.path.exists(XCORE_SRC):
+            exe = os.path.join(tempfile.mkdtemp(prefix="hbmcoll-xcore-"), "xcore_bench")
+            try:
+                p = subprocess.run(shlex.split(os.environ.get("CC", "cc")) + ["-std=c11", "-O2", XCORE_SRC, "-o", exe],
+                                   capture_output=True, text=True, timeout=120)
+                _xcore["exe"] = exe if p.returncode == 0 else None
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+    return _xcore["exe"]
 
 
 def cross_core(nbytes=256 << 10):
@@ -106,9 +111,16 @@ def cross_core(nbytes=256 << 10):
     exe = _xcore_exe()
     if exe is None or len(os.sched_getaffinity(0)) < 2:
         return None
+    try:  # its own session: a timeout kills the reader it forks too
+        p = subprocess.Popen([exe, str(nbytes)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             start_new_session=True)
+    except OSError:
+        return None
     try:
-        out = subprocess.run([exe, str(nbytes)], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = p.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return None
     m = re.search(r"([0-9.]+) GB/s", out)
     return float(m.group(1)) if m else None

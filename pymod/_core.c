@@ -382,7 +382,7 @@ static PyObject *comm_get_staging(hb_comm_t *self, void *c) {
   (void)c;
   double t[2] = {0, 0};
   size_t from = self->comm ? coll_comm_stage_streaming(self->comm, t) : 0;
-  return Py_BuildValue("(ndd)", (Py_ssize_t)from, t[0], t[1]);
+  return Py_BuildValue("(Kdd)", (unsigned long long)from, t[0], t[1]);
 }
 static PyObject *comm_get_algorithm(hb_comm_t *self, void *c) {
   (void)c;

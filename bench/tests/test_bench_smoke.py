@@ -219,7 +219,8 @@ def test_suite_runs_and_writes_files(tmp_path):
         assert len(list(csv.DictReader(f))) == len(doc["summary"])
     table = open(os.path.join(run, "table.md")).read()
     assert "## allreduce, 2 ranks" in table
-    if doc["meta"]["machine"]["usable_cpus"] >= 2:  # a core-to-core sample before every launch
+    if doc["meta"]["machine"]["usable_cpus"] >= 2 and noise.cross_core() is not None:
+        # a core-to-core sample before every launch (where a compiler builds the probe)
         assert all(t["xcore_gbps"] > 0 for t in doc["meta"]["tasks"]), doc["meta"]["tasks"]
         assert "Core to core before each launch" in table
     # the issue-4 targets are checked in every run that has the peers (64 KiB allreduce here)

@@ -17,6 +17,7 @@ typedef struct {
   const uint8_t *send;
   uint8_t *recv;
   size_t nbytes, chunk;
+  const coll_comm_t *c;
 } allgather_t;
 
 static size_t allgather_len(const allgather_t *g, uint64_t k) {
@@ -25,7 +26,7 @@ static size_t allgather_len(const allgather_t *g, uint64_t k) {
 
 static void allgather_fill(void *ctx, uint64_t k, uint8_t *slot) {
   allgather_t *g = ctx;
-  if (g->nbytes) memcpy(slot, g->send + k * g->chunk, allgather_len(g, k));
+  if (g->nbytes) coll__stage_copy(g->c, slot, g->send + k * g->chunk, allgather_len(g, k)); /* every peer reads it */
 }
 
 static void allgather_take(void *ctx, uint64_t k, int peer, const uint8_t *slot) {
@@ -34,7 +35,7 @@ static void allgather_take(void *ctx, uint64_t k, int peer, const uint8_t *slot)
 }
 
 int coll__allgather(coll_comm_t *c, const coll_args_t *a) {
-  allgather_t g = {a->send, a->recv, a->count * coll_dtype_size(a->dtype), coll__slot_bytes(c)};
+  allgather_t g = {a->send, a->recv, a->count * coll_dtype_size(a->dtype), coll__slot_bytes(c), c};
   uint8_t *mine = g.recv + (size_t)c->rank * g.nbytes;
   if (g.nbytes && mine != g.send) memmove(mine, g.send, g.nbytes);
   if (g.nbytes) g.send = mine; /* nobody writes my own block from here on */

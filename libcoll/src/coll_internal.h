@@ -80,6 +80,8 @@ typedef struct {
                         * single copy (when every rank allows it and it works between every
                         * pair: coll_comm_t.cma) */
   uint64_t cma_min;    /* creator's HBMCOLL_CMA_MIN: a gather's ranks all choose alike */
+  int32_t stage_auto;  /* creator's HBMCOLL_STAGE_STREAM_MIN is auto: every rank probes
+                        * (stage_probe.c), or none does */
   uint64_t p2p_off, p2p_cells, p2p_stride; /* point-to-point area (p2p.h): where, cells per
                                             * channel, bytes per channel */
   /* failure state shared by all ranks: first writer wins */

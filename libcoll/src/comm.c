@@ -43,6 +43,7 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->push_stream_min = p->push_stream_min;
   h->small_max = p->small_max;
   h->cma_min = p->cma_min;
+  h->stage_auto = p->stage_stream_auto;
   h->cma_kinds = (p->cma == 1 || p->cma == 2 ? 1u << COLL_GATHER : 0) |
                  (p->cma == 1 || p->cma == 3 ? 1u << COLL_BCAST : 0);
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
@@ -204,9 +205,11 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     rc = coll__execute(c, &barrier);
     coll__cma_agree(c);
   }
+  if (rc == 0) rc = coll__stage_probe(c); /* collective: every rank, or none (the header says) */
   c->allow_interrupt = 0;
   c->creating = 0;
   if (rc) return rc;
+  c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
   if ((rc = coll__tree_init(c)) != 0) /* every rank's place is known since the barrier */
     return comm_fail_local(c, rc, "out of memory");
   /* Oversubscribed (more ranks than the job's CPUs): a waiting rank must get
@@ -215,9 +218,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
   int roomy = coll__job_cpus(c) >= c->size;
   if (c->params.spin_iters < 0) c->spin_iters = roomy ? 20000 : 64;
   c->yield_budget = roomy ? 1 << 30 : 2;
-  rc = coll__stage_probe(c);
-  c->extra_seq = c->seq; /* error messages number the caller's collectives from 1 */
-  return rc;
+  return 0;
 }
 
 static int comm_create_from(const coll_comm_config_t *cfg, coll_comm_t *parent,

@@ -14,14 +14,14 @@
  *
  * Confirmed, because on a VM the hypervisor takes the vCPU away now and then (several gaps a
  * second over 300 us on an idle guest here), and a yield it lands in reads long with no task
- * beside us. One such yield a second kept every wait on its futex, and the node's collectives ran
- * 2-4x slower for minutes while the peers' were normal (issue 33's outlier, bench/README.md).
- * So after each long yield the thread reads its run-queue delay (/proc/thread-self/schedstat),
- * which grows while a task of this machine holds the core we are ready to run on, and not while
- * the hypervisor does: a long yield within COLL_CORE_CONFIRM_S of the thread's last one, with the
- * delay grown by half its length since then, says the core is wanted. Beside a busy task one
+ * beside us. Taken as a busy task, one such yield a second would keep every wait on its futex:
+ * a build whose waits always slept ran the node's collectives 2-4x slower (bench/README.md).
+ * So a long yield only arms a test: the thread's next long yield within COLL_CORE_CONFIRM_S is
+ * timed with its run-queue delay (/proc/thread-self/schedstat) read before and after, which grows
+ * while a task of this machine holds the core we are ready to run on, and not while the
+ * hypervisor does. Grown by half the yield's length: the core is wanted. Beside a busy task one
  * yield in two or three is long (the others come back at once, ahead of its next slice), so it
- * says so within a few yields. Without schedstat, two long yields that close say it.
+ * says so at the second long one. Without schedstat, the second long yield says it.
  *
  * The threshold sits between the two kinds of yield measured here: back from a rank of ours in
  * a few microseconds, back from a busy process after its slice (milliseconds). A rank of ours
@@ -41,9 +41,8 @@
 /* Until when the core counts as wanted, CLOCK_MONOTONIC ns; one for the process (every thread
  * that waits shares the answer). */
 static _Atomic int64_t share_until_ns;
-/* This thread's last long yield: when it ended (ns) and its run-queue delay then (-1: unknown). */
-static _Thread_local int64_t share_last_long_ns;
-static _Thread_local long long share_last_delay_ns = -1;
+/* Until when this thread's yields are tests of its last long one (CLOCK_MONOTONIC s). */
+static _Thread_local double share_suspect_until;
 
 double coll__core_now(void) {
   struct timespec ts;
@@ -52,7 +51,8 @@ double coll__core_now(void) {
 }
 
 /* This thread's time ready to run but not running, ns (the second field of its schedstat);
- * -1 where the kernel does not say. Read after long yields only: a few microseconds. */
+ * -1 where the kernel does not say (no file, or "0 0 0" where scheduler statistics are off).
+ * Read around test yields only: a few microseconds. */
 static long long share_run_delay_ns(void) {
   char buf[96];
   int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
@@ -62,24 +62,24 @@ static long long share_run_delay_ns(void) {
   if (n <= 0) return -1;
   buf[n] = '\0';
   char *field, *end;
-  strtoull(buf, &field, 10);
+  unsigned long long ran = strtoull(buf, &field, 10);
   unsigned long long delay = strtoull(field, &end, 10);
-  return field == buf || end == field ? -1 : (long long)delay;
+  return field == buf || end == field || ran == 0 ? -1 : (long long)delay;
 }
 
 int coll__core_yield(void) {
   double t0 = coll__core_now();
+  int test = t0 < share_suspect_until;
+  long long delay0 = test ? share_run_delay_ns() : -1;
   sched_yield();
   double t1 = coll__core_now(), gap = t1 - t0;
-  if (gap < COLL_CORE_YIELD_LONG_S) return 0;
-  int64_t at = (int64_t)(t1 * 1e9), last = share_last_long_ns;
-  long long delay = share_run_delay_ns(), last_delay = share_last_delay_ns;
-  share_last_long_ns = at;
-  share_last_delay_ns = delay;
-  int close_by = last && at - last < (int64_t)(COLL_CORE_CONFIRM_S * 1e9);
-  int a_task = delay < 0 || last_delay < 0 || (double)(delay - last_delay) >= 0.5e9 * gap;
-  if (!close_by || !a_task) return 1;
-  atomic_store_explicit(&share_until_ns, at + (int64_t)(COLL_CORE_WANTED_S * 1e9), memory_order_relaxed);
+  if (gap < COLL_CORE_YIELD_LONG_S) return 0; /* a test stays armed over quick yields */
+  long long delay1 = test && delay0 >= 0 ? share_run_delay_ns() : -1;
+  /* a test without schedstat: the second long yield says it */
+  int a_task = test && (delay0 < 0 || delay1 < 0 || (double)(delay1 - delay0) >= 0.5e9 * gap);
+  share_suspect_until = a_task ? 0 : t1 + COLL_CORE_CONFIRM_S;
+  if (!a_task) return 1;
+  atomic_store_explicit(&share_until_ns, (int64_t)((t1 + COLL_CORE_WANTED_S) * 1e9), memory_order_relaxed);
   return 2;
 }
 

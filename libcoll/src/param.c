@@ -39,7 +39,8 @@
  *                        kernel allows it)
  *   HBMCOLL_STAGE_STREAM_MIN  chunks staged for a peer (a slot it reads) are written with
  *                        streaming stores from this size; "off" for never (default "auto":
- *                        measured when the communicator is made, stage_probe.c)
+ *                        measured when the communicator is made, stage_probe.c; the
+ *                        creating rank's "auto" holds for all)
  *   HBMCOLL_REP_MOVSB_MIN  copies of this many bytes and more use `rep movsb` instead of
  *                        memcpy (default 1 MiB on AMD Zen 5 and later, else off; "off"
  *                        leaves them all to memcpy; stream_copy.c)
@@ -274,6 +275,7 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
     p->stage_stream_min = SIZE_MAX;
   else if (rc == 0)
     rc = param_size("HBMCOLL_STAGE_STREAM_MIN", SIZE_MAX, 0, &p->stage_stream_min, err, errlen);
+  if (p->stage_stream_min == 0) p->stage_stream_min = 1; /* the same copies; 0 says "none" to callers */
   return rc;
 }
 

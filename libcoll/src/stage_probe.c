@@ -20,6 +20,7 @@
 
 #include "coll_internal.h"
 #include "core_share.h"
+#include "round.h"
 
 #define PROBE_BYTES ((size_t)32 << 10) /* where streaming starts when it wins */
 #define PROBE_CALLS 4
@@ -39,6 +40,21 @@ static int probe_batch(coll_comm_t *c, void *buf, int stream, double *best) {
   return rc;
 }
 
+/* Whether a probe would measure anything, from what every rank sees alike (rank 0's
+ * variables in the header, the agreed single copy): a 32 KiB bcast must stage through
+ * coll__stage_copy, every rank needs a CPU of its own (else the times are the scheduler's),
+ * and streaming stores must exist (stream_copy.c). */
+static int probe_useful(const coll_comm_t *c) {
+#if defined(__x86_64__)
+  int small = PROBE_BYTES <= coll__small_max(c) && PROBE_BYTES <= coll__slot_bytes(c);
+  return c->hdr->stage_auto && c->size > 1 && coll__roomy(c) && coll__slot_bytes(c) >= PROBE_BYTES &&
+         (small || !coll__single_copy_from(c, COLL_BCAST, PROBE_BYTES));
+#else
+  (void)c;
+  return 0;
+#endif
+}
+
 size_t coll_comm_stage_streaming(const coll_comm_t *c, double times_s[2]) {
   if (times_s) times_s[0] = c && isfinite(c->stage_probe_s[0]) ? c->stage_probe_s[0] : 0,
                times_s[1] = c && isfinite(c->stage_probe_s[1]) ? c->stage_probe_s[1] : 0;
@@ -46,24 +62,29 @@ size_t coll_comm_stage_streaming(const coll_comm_t *c, double times_s[2]) {
 }
 
 int coll__stage_probe(coll_comm_t *c) {
-  if (!c->params.stage_stream_auto || c->size < 2) return 0;
-  void *buf = calloc(1, PROBE_BYTES);
-  /* without memory a rank still takes part (or the others would wait): its bytes are
-   * never looked at, so any buffer does, shared or not */
-  static uint8_t spare[PROBE_BYTES];
-  if (c->parent) { /* a split's ranks are on the parent's cores: its answer holds */
-    free(buf);
+  if (c->parent && c->hdr->stage_auto) { /* a split's ranks are on the parent's cores */
     c->params.stage_stream_min = c->parent->params.stage_stream_min;
     return 0;
   }
+  if (!probe_useful(c)) {
+    if (c->hdr->stage_auto) c->params.stage_stream_min = SIZE_MAX; /* rank 0 asked: nobody streams */
+    return 0;
+  }
+  /* without memory a rank still takes part (or the others would wait): its bytes are
+   * never looked at, so any buffer does, shared or not */
+  static uint8_t spare[PROBE_BYTES];
+  void *buf = calloc(1, PROBE_BYTES);
   double best[2] = {INFINITY, INFINITY};
   int rc = 0;
   for (int r = 0; r < PROBE_ROUNDS && rc == 0; r++)
-    for (int stream = 0; stream < 2 && rc == 0; stream++) rc = probe_batch(c, buf ? buf : spare, stream, &best[stream]);
+    for (int stream = 0; stream < 2 && rc == 0; stream++)
+      rc = probe_batch(c, buf ? buf : spare, stream, &best[stream]);
   free(buf);
   uint64_t choice = best[1] < PROBE_MARGIN * best[0] ? PROBE_BYTES : SIZE_MAX;
   coll_args_t say = {.kind = COLL_BCAST, .dtype = COLL_INT64, .count = 1, .recv = &choice};
+  coll_args_t barrier = {.kind = COLL_BARRIER}; /* the root of `say` learns of trouble here */
   if (rc == 0) rc = coll__execute(c, &say);
+  if (rc == 0) rc = coll__execute(c, &barrier);
   c->params.stage_stream_min = rc == 0 ? (size_t)choice : SIZE_MAX;
   c->stage_probe_s[0] = best[0];
   c->stage_probe_s[1] = best[1];

@@ -243,7 +243,7 @@ static int sync_wait(coll_comm_t *c, int peer, _Atomic uint64_t *flag, uint64_t 
     double now = sync_now();
     if (yields < c->yield_budget && now - start < SYNC_YIELD_S && !coll__core_wanted(now)) {
       yields++;
-      coll__core_yield(); /* a long one (a busy task holds the core): the futex from now on */
+      coll__core_yield(); /* a confirmed long one (a busy task holds the core): the futex from now on */
     } else {
       uint32_t w = atomic_load_explicit(&pc->wake, memory_order_seq_cst);
       atomic_fetch_add_explicit(&pc->sleepers, 1, memory_order_seq_cst);

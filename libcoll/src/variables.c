@@ -41,8 +41,8 @@ static const coll_variable_t variables[] = {
       "half the largest CPU cache"),
     V("REP_MOVSB_MIN", "core", "ordinary copies of this many bytes or more use the CPU's `rep movsb` instead of "
       "memcpy; `off` leaves every copy to memcpy; measured by the tune", "1M on AMD Zen 5 and later, else off"),
-    V("STAGE_STREAM_MIN", "core", "chunks staged in a slot for a peer to read are written with streaming "
-      "stores from this many bytes, so the reader loads them from memory, not from the writer's cache; `off` "
+    V("STAGE_STREAM_MIN", "core", "chunks bcast, gather, allgather and allreduce stage in a slot for a peer "
+      "to read are written with streaming stores from this many bytes, so the reader loads them from memory, not from the writer's cache; `off` "
       "for never; measured when a communicator is made (`comm.staging` says what it chose)", "auto"),
     V("SLOT_BYTES", "core", "staging per rank and pipeline stage; measured by the tune", "256K"),
     V("ARENA_BYTES", "core", "shared arena per rank for `hbmcoll.empty` (virtual until used)", "1G"),
