@@ -103,6 +103,8 @@ int coll__hier_make(const coll__hier_config_t *cfg, coll__hier_t **h_p, char *er
     for (int i = 0; i < cfg->nodes * h->widest; i++) h->rank_at[i] = -1;
     for (int r = 0; r < cfg->size; r++) h->rank_at[h->node_of[r] * h->widest + h->local_of[r]] = r;
     h->rank = h->rank_at[cfg->node * h->widest + h->local_rank];
+    h->rank_is_node = h->widest == 1;
+    for (int r = 0; h->rank_is_node && r < cfg->size; r++) h->rank_is_node = h->node_of[r] == r;
     int carries = cfg->nodes > 1 && h->local_rank < cfg->rings;
     if (carries != (cfg->ring != NULL) || (cfg->ring && coll__net_ring_members(cfg->ring) != cfg->nodes))
       rc = hier_bad(err, errlen, "a ring where the rank carries none, or none where it does");

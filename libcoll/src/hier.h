@@ -84,6 +84,7 @@ struct coll__hier {
   int *rank_at;            /* [node * widest + local]: the rank there, -1 none */
   int rank, local_rank, local_size, widest;
   int even;      /* every node has exactly `rings` ranks */
+  int rank_is_node; /* one rank per node, rank k on node k: an allgather's ring rows are its result */
   int sliced;    /* even and rings > 1: the pipelined allreduce */
   uint8_t hint;  /* node 0's local rank 0's proposal in the last meeting: the chunk count */
   const char *algorithm;

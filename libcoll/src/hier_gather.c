@@ -56,9 +56,7 @@ int coll__hier_allgather(coll__hier_t *h, const coll_args_t *a, void *out, char 
   int rc = coll__hier_meet(h, a, NULL, 0, HIER_PART_NONE, 0, 0, NULL, err, errlen);
   if (rc || b == 0) return rc;
   h->algorithm = "gather";
-  int alone = W == 1; /* one rank per node, rank k on node k: the ring's rows are the result's */
-  for (int r = 0; alone && r < h->cfg.size; r++) alone = h->node_of[r] == r;
-  if (alone) {
+  if (h->rank_is_node) { /* the ring's rows are the result's */
     uint8_t *mine_out = (uint8_t *)out + (size_t)h->cfg.node * b;
     if (mine_out != (const uint8_t *)a->send) memmove(mine_out, a->send, b);
     return N > 1 ? coll__net_ring_allgather(h->cfg.ring, out, b, h->cfg.timeout_s, err, errlen) : 0;
