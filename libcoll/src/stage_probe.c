@@ -5,8 +5,8 @@
  * A staged collective copies a chunk into its slot and a peer reads it from there. Written with
  * ordinary stores, the chunk sits dirty in the writer's cache and the reader's loads fetch it
  * from that cache; written with streaming stores, it goes to memory and the reader loads it from
- * there. Which is faster depends on the machine. On the AMD EPYC VM of bench/README.md ("Staging
- * with streaming stores") streaming made a 64 KiB bcast 1.8x faster; and for seconds at a time,
+ * there. Which is faster depends on the machine. On the AMD EPYC VM of bench/README.md ("A host
+ * that moves its vCPUs apart") streaming made a 64 KiB bcast 1.8x faster; and for seconds at a time,
  * several times a minute, the hypervisor ran the two vCPUs where cache-to-cache reads were 4x
  * slower, which streamed chunks did not feel. Where caches pass lines quickly, streaming only
  * adds memory traffic. So a new communicator measures it: bcasts of PROBE_BYTES from rank 0,
