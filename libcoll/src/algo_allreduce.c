@@ -27,7 +27,7 @@
  * rsag is safe in place because slice owners only ever write their own slice.
  *
  * Push: when every rank's input and output are in the arena and the message
- * is at least HBMCOLL_PUSH_MIN (default half the last-level cache), rank r
+ * is at least HBMCOLL_PUSH_MIN (default 0: whenever rsag would run), rank r
  * reduces slice r of the whole message, block by block into an L1 scratch,
  * and writes each block into every rank's output: one read of each input and
  * one write of each output, no second copy; from HBMCOLL_PUSH_STREAM_MIN with

@@ -15,8 +15,8 @@
  *                        outputs (default: half the largest CPU cache; python -m hbmcoll.tune
  *                        measures it; the creating rank's value holds for all)
  *   HBMCOLL_PUSH_MIN     allreduce with every buffer in the arena: from this size each rank
- *                        reduces its slice and writes it into every output ("push";
- *                        default: half the largest CPU cache; python -m hbmcoll.tune measures
+ *                        reduces its slice and writes it into every output ("push"; default
+ *                        0: every size past the one-round copy; python -m hbmcoll.tune measures
  *                        it; the creating rank's value holds for all)
  *   HBMCOLL_PUSH_STREAM_MIN  a push writes with streaming stores from this size (default: half
  *                        the largest CPU cache; measured by the tune; the creator's holds)
@@ -234,7 +234,10 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
    * (bench/README.md has the measurements) */
   size_t half_llc = param_llc_bytes() / 2; /* read from sysfs once */
   if (rc == 0) rc = param_size("HBMCOLL_STREAM_MIN", half_llc, 0, &p->stream_min, err, errlen);
-  if (rc == 0) rc = param_size("HBMCOLL_PUSH_MIN", half_llc, 0, &p->push_min, err, errlen);
+  /* push reads each input once and writes each output once, where rsag's zero copy also
+   * copies every peer's slice out; it won at every size tried on both hosts measured, quiet,
+   * loaded and oversubscribed (bench/README.md, "Push from the smallest size") */
+  if (rc == 0) rc = param_size("HBMCOLL_PUSH_MIN", 0, 0, &p->push_min, err, errlen);
   if (rc == 0)
     rc = param_size("HBMCOLL_PUSH_STREAM_MIN", half_llc, 0, &p->push_stream_min, err, errlen);
   p->spin_iters = -1;

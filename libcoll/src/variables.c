@@ -36,7 +36,7 @@ static const coll_variable_t variables[] = {
       "receivers; measured by the tune; the creating rank's value holds", "half the largest CPU cache"),
     V("PUSH_MIN", "core", "allreduce with every rank's buffers from `hbmcoll.empty`: from this many bytes each "
       "rank reduces its slice and writes it into every output (\"push\"); measured by the tune",
-      "half the largest CPU cache"),
+      "0 (every size past the one-round copy)"),
     V("PUSH_STREAM_MIN", "core", "a push writes with streaming stores from this many bytes; measured by the tune",
       "half the largest CPU cache"),
     V("REP_MOVSB_MIN", "core", "ordinary copies of this many bytes or more use the CPU's `rep movsb` instead of "

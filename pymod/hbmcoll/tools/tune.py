@@ -59,7 +59,7 @@ CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 3
          # allreduce only: a gather's single copy and bcast's receivers took as long streaming as
          # not, within the noise, so their cases only blurred the choice (bench/README.md)
          "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
-         "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (256 << 10, 1 << 20, 4 << 20, 16 << 20)),
+         "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
 CMA_COLLS = {"0": (), "gather": ("gather",), "bcast": ("bcast",), "1": ("bcast", "gather")}
 NOISE = 1.05
@@ -128,7 +128,8 @@ def _worker(rounds):
 # size up to the threshold takes the path; "ge", from the threshold on
 SIDES = {"HBMCOLL_SMALL_MAX": "le", "HBMCOLL_CMA_MIN": "ge", "HBMCOLL_STREAM_MIN": "ge",
          "HBMCOLL_PUSH_MIN": "ge", "HBMCOLL_PUSH_STREAM_MIN": "ge"}
-HALF_LLC_AUTO = ("HBMCOLL_STREAM_MIN", "HBMCOLL_PUSH_MIN", "HBMCOLL_PUSH_STREAM_MIN")
+HALF_LLC_AUTO = ("HBMCOLL_STREAM_MIN", "HBMCOLL_PUSH_STREAM_MIN")
+AUTO_BYTES = {"HBMCOLL_PUSH_MIN": 0}  # an "auto" that is a fixed size in the core (param.c)
 
 
 def _llc_bytes():
@@ -147,6 +148,8 @@ def _llc_bytes():
 
 def _threshold_bytes(var, value):
     """A candidate's threshold in bytes ("auto" as the core resolves it), or None."""
+    if value == "auto" and var in AUTO_BYTES:
+        return AUTO_BYTES[var]
     if value == "auto":
         llc = _llc_bytes() if var in HALF_LLC_AUTO else None
         return llc // 2 if llc else None
