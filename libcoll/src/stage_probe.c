@@ -56,6 +56,7 @@ static int probe_useful(const coll_comm_t *c) {
 }
 
 size_t coll_comm_stage_streaming(const coll_comm_t *c, double times_s[2]) {
+  c = coll__comm_here(c); /* across nodes: what this node's stages chose */
   if (times_s) times_s[0] = c && isfinite(c->stage_probe_s[0]) ? c->stage_probe_s[0] : 0,
                times_s[1] = c && isfinite(c->stage_probe_s[1]) ? c->stage_probe_s[1] : 0;
   return c && c->params.stage_stream_min != SIZE_MAX ? c->params.stage_stream_min : 0;

@@ -10,7 +10,7 @@
  *    from every rank's inputs: int32, float32 and float64; SUM everywhere, PROD, MIN, MAX and AVG
  *    for allreduce; roots on both nodes; counts 0, 1, 7, 1000 (past the meeting's small path) and
  *    70000 (the rings, in chunks); then the same through coll_start, several calls in flight;
- *  - rank, size, the node's arena, coll_comm_algorithm;
+ *  - rank, size, the node's arena, coll_comm_algorithm, coll_comm_stage_streaming (the node's probe);
  *  - splits: groups across the nodes (one rank per node, three ranks on unequal nodes, all four in an
  *    order that interleaves the nodes), groups on one node, a rank in none, a split of a split;
  *    each group's rank, size and collectives (the rings too) checked, then the parent used again; a
@@ -23,6 +23,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -145,6 +146,14 @@ static int job_collectives(coll_comm_t *c, int rank) {
           }
         }
   if (coll_comm_algorithm(c)[0] == '\0') bad++, fprintf(stderr, "no algorithm named\n");
+  /* staging with streaming stores is the node communicator's, which measured it where each of its
+   * ranks has a CPU (stage_probe.c): the job's communicator reports that, not "never measured" */
+  double probe[2];
+  size_t from = coll_comm_stage_streaming(c, probe);
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) >= PER &&
+      (probe[0] <= 0 || probe[1] <= 0 || (from != 0 && from != 32 << 10)))
+    bad++, fprintf(stderr, "rank %d: staging from %zu, probe %g / %g s\n", rank, from, probe[0], probe[1]);
   /* nonblocking: every kind in flight at once, then a blocking call behind them */
   call_t ks[COLL_KIND_COUNT];
   coll_req_t *reqs[COLL_KIND_COUNT];
