@@ -162,6 +162,7 @@ int main(int argc, char **argv) {
                                          "HBMCOLL_PUSH_STREAM_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   const char *const push_plain[] = {"HBMCOLL_PUSH_MIN=0", NULL}; /* ordinary stores */
+  const char *const push_never[] = {"HBMCOLL_PUSH_MIN=1G", NULL};  /* rsag's zero copy (the default pushes) */
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
     if (CASE("arena")) spawn("arena", P, 600, NULL, rank_arena, NULL);
@@ -171,6 +172,8 @@ int main(int argc, char **argv) {
       spawn("arena streaming stores from 0 B", P, 600, push_always, rank_arena, NULL);
     if (CASE("arena push from 0 B"))
       spawn("arena push from 0 B", P, 600, push_plain, rank_arena, NULL);
+    if (CASE("arena rsag, no push"))
+      spawn("arena rsag, no push", P, 600, push_never, rank_arena, NULL);
     if (P > 1 && CASE("arena reduce then other comm"))
       spawn("arena reduce then other comm", P, 60, timeout10, rank_arena_reduce_then_other, NULL);
   }

@@ -254,6 +254,24 @@ def test_push(run_ranks, P):
     run_ranks(P, arena_rank, timeout=300, env={"HBMCOLL_PUSH_MIN": "0", "HBMCOLL_PUSH_STREAM_MIN": "0"})
 
 
+@pytest.mark.parametrize("P", [2, 3])
+def test_rsag_zero_copy_without_push(run_ranks, P):
+    """Allreduce of hbmcoll.empty buffers by rsag reading and writing them in place, as a push
+    threshold above every size gives (the default pushes from the smallest)."""
+    run_ranks(P, arena_rank, timeout=300, env={"HBMCOLL_PUSH_MIN": "1G"})
+    assert run_ranks(P, arena_algorithm_rank, env={"HBMCOLL_PUSH_MIN": "1G"}) == ["rsag"] * P
+    assert run_ranks(P, arena_algorithm_rank) == ["push"] * P
+
+
+def arena_algorithm_rank(comm):
+    import hbmcoll
+    buf = hbmcoll.empty(1 << 16, "float32", comm=comm)  # 256 KiB: past the one-round copy
+    buf[:] = comm.rank
+    comm.allreduce(buf)
+    assert (buf == sum(range(comm.size))).all()
+    return comm._c.algorithm
+
+
 # ---- single copy (process_vm_readv/writev) for large bcast and gather ------------------------
 
 def single_copy_rank(comm):
