@@ -31,8 +31,14 @@
  * reduces slice r of the whole message, block by block into an L1 scratch,
  * and writes each block into every rank's output: one read of each input and
  * one write of each output, no second copy; from HBMCOLL_PUSH_STREAM_MIN with
- * streaming stores (no read for ownership). Whether either beats rsag's zero
- * copy differs between hosts (the tune measures both thresholds). From
+ * streaming stores (no read for ownership). Slice r is rank r's to claim
+ * first, but any rank that has written its own claims slices nobody has
+ * claimed yet: a rank that arrived and then lost its core to another task
+ * (core_share.c) holds up nobody, and finds its output written when it runs.
+ * Such a peer may not yet have compared my descriptor, so my call after next,
+ * which writes to that descriptor's place, first waits for it (collective.c).
+ * With 2 ranks the first round's descriptors already show every buffer in the
+ * arena, and the push starts there. The tune measures both thresholds. From
  * HBMCOLL_STREAM_MIN rsag's copy-out, and flat's reduce, write an output apart
  * from its input with streaming stores (each rank for itself). Below it, with data that may still be cached, ordinary stores and
  * rsag's reads from a peer's cache are faster; and in place they always are:
@@ -64,6 +70,7 @@
 enum { AR_FLAT = 1, AR_RSAG = 2, AR_FLAT_FIRST = 3 };
 
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a);
+static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0);
 
 static size_t ar_slice(int q, int P, size_t n) {
   if (q >= P) return n;
@@ -107,6 +114,12 @@ static int ar_any_arena(coll_comm_t *c) {
   return 0;
 }
 
+static int ar_all_in_arena(coll_comm_t *c) {
+  for (int q = 0; q < c->size; q++)
+    if (!coll__peer_desc(c, q)->send_off || !coll__peer_desc(c, q)->recv_off) return 0;
+  return 1;
+}
+
 /* spec: allreduce with 2 ranks in auto mode; the first round may hand over to rsag (top). */
 static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   size_t es = coll_dtype_size(a->dtype), nbytes = a->count * es;
@@ -123,7 +136,8 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   uint64_t roff = spec && zoff ? coll__arena_offset(c, recv, nbytes) : 0;
   int to_rsag = roff != 0; /* so will every rank be rsag */
   int stream = ar_stream_out(c, a, nbytes);
-  if (zoff && want && ar_overlap(send, recv, nbytes)) zoff = 0;
+  /* in place, peers would read what I overwrite; a rank handing over reads nothing here */
+  if (zoff && want && !to_rsag && ar_overlap(send, recv, nbytes)) zoff = 0;
   /* a small reduce's non-root stages even an arena input: then it can give and go (below) */
   if (zoff && !want && nbytes <= coll__small_max(c)) zoff = 0;
   const void *in[P];
@@ -148,6 +162,10 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
     }
     rc = k == 0 ? coll__meet_all(c, t0) : coll__wait_all(c, t);
     if (rc) return rc;
+    if (k == 0 && spec && nbytes >= coll__push_min(c) && ar_all_in_arena(c)) { /* no second round */
+      c->algorithm = "push";
+      return ar_push(c, a, t0);
+    }
     if (k == 0 && spec && ar_any_arena(c)) { /* all see the same descriptors */
       coll__round_handover(c, t0);
       c->algorithm = "rsag";
@@ -185,29 +203,51 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
   return zoff && all ? coll__wait_all_finished(c, last) : 0;
 }
 
-static int ar_all_in_arena(coll_comm_t *c) {
-  for (int q = 0; q < c->size; q++)
-    if (!coll__peer_desc(c, q)->send_off || !coll__peer_desc(c, q)->recv_off) return 0;
-  return 1;
-}
-
-static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
+/* Reduce rank s's slice of the whole message and write it into every output. */
+static void ar_push_slice(coll_comm_t *c, const coll_args_t *a, int s, int stream) {
   size_t es = coll_dtype_size(a->dtype);
-  int me = c->rank, P = c->size;
-  size_t lo = ar_slice(me, P, a->count), hi = ar_slice(me + 1, P, a->count);
+  int P = c->size;
+  size_t lo = ar_slice(s, P, a->count), hi = ar_slice(s + 1, P, a->count);
   const void *in[P];
   uint8_t *out[P];
-  for (int k = 0; k < P; k++) { /* outputs mine, then the next ranks': not all into rank 0 at once */
-    int q = (me + k) % P;
+  for (int k = 0; k < P; k++) { /* slice s's owner's output first, then the next ranks': not all
+                                 * into rank 0 at once */
+    int q = (s + k) % P;
     in[k] = coll__shared(c, coll__peer_desc(c, k)->send_off) + lo * es;
     out[k] = coll__shared(c, coll__peer_desc(c, q)->recv_off) + lo * es;
   }
-  int stream = a->count * es >= coll__push_stream_min(c);
   ar_reduce_blocks(c, a, in, P, out, P, hi - lo, stream);
   if (stream) coll__stream_fence(); /* the streamed results before the flag that says so */
+}
+
+/* Every rank's slice is reduced by the first rank to claim it: each claims its own, then any
+ * slice still unclaimed once its own is written, so a rank whose core went to another task (it
+ * arrived first and gave the core away, core_share.c) costs the others no wait for its turn on
+ * the CPU. A rank returns once every slice is written: then nobody reads its input either. */
+static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
+  int me = c->rank, P = c->size;
+  int stream = a->count * coll_dtype_size(a->dtype) >= coll__push_stream_min(c);
+  for (int k = 0; k < P; k++) {
+    int s = (me + k) % P;
+    if (atomic_load_explicit(&c->ctl[s].slice_claim, memory_order_relaxed) >= t0 ||
+        !coll__claim_slice(c, s, t0))
+      continue;
+    ar_push_slice(c, a, s, stream);
+    coll__publish_slice(c, s, t0);
+  }
   coll__finish(c, t0);
   coll__round_end(c, t0);
-  return coll__wait_all_finished(c, t0); /* every slice of my output is written */
+  for (int k = 1; k <= P; k++) {
+    int rc = coll__wait_slice(c, (me + k) % P, t0);
+    if (rc) return rc;
+  }
+  for (int q = 0; q < P; q++) /* a peer that has not yet compared my descriptor with its own */
+    if (q != me && atomic_load_explicit(&c->ctl[q].done, memory_order_acquire) < t0) {
+      c->push_open_seq = c->seq;
+      c->push_open_round = t0;
+      break;
+    }
+  return 0;
 }
 
 static int ar_rsag(coll_comm_t *c, const coll_args_t *a) {

@@ -63,6 +63,9 @@ typedef struct {
   _Alignas(COLL_LINE) uint64_t cpumask[16]; /* CPUs this rank may run on (first 1024) */
   int32_t pu, tile, cluster; /* its first CPU, its L2's, its NUMA node (-1 none): its place in
                               * the tree (tree.c) */
+  /* line 4: a push's slice of this rank (algo_allreduce.c), written by whichever rank claims it */
+  _Alignas(COLL_LINE) _Atomic uint64_t slice_claim; /* the last round it was claimed in */
+  _Atomic uint64_t slice_done;                      /* the last round it was written in */
 } coll__ctl_t;
 _Static_assert(offsetof(coll__ctl_t, wake) == COLL_LINE, "flags and descriptors fill one line pair");
 
@@ -142,6 +145,9 @@ struct coll_comm {
   uint64_t unchecked_seq;     /* my last call returned before its peers compared descriptors
                                * (round.h: coll__round_unchecked), 0 none */
   uint64_t unchecked_round;   /* its first round */
+  uint64_t push_open_seq;     /* a push I left before every peer finished it (a peer may still
+                               * compare its descriptor: algo_allreduce.c), 0 none */
+  uint64_t push_open_round;   /* its round */
   uint64_t slot_last_read[2]; /* round in which readers finish with my slot[p] */
   int slot_reader[2];         /* the one reader of slot[p], -1 all, -2-R my children in the
                                * tree rooted at R */
@@ -207,6 +213,9 @@ int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_
 /* ---- sync.c: the shared-memory transport's flags (transport_shm.c) ---- */
 void coll__publish_arrive(coll_comm_t *c, uint64_t round);
 void coll__publish_done(coll_comm_t *c, uint64_t round);
+int coll__claim_slice(coll_comm_t *c, int owner, uint64_t round);
+void coll__publish_slice(coll_comm_t *c, int owner, uint64_t round);
+int coll__wait_slice(coll_comm_t *c, int owner, uint64_t round);
 int coll__wait_arrive(coll_comm_t *c, int peer, uint64_t round);
 int coll__wait_done(coll_comm_t *c, int peer, uint64_t round);
 /* Record a failure for every rank; returns the code to hand back. */

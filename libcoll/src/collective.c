@@ -53,6 +53,12 @@ static int coll_dispatch(coll_comm_t *c, const coll_args_t *a) {
 int coll__execute(coll_comm_t *c, const coll_args_t *a) {
   int rc = coll__aborted(c);
   if (rc == 0 && c->unchecked_seq) rc = coll__settle(c);
+  /* a push I left early: my next descriptor goes to its descriptor's place (two by seq & 1)
+   * only once every peer is done with it */
+  if (rc == 0 && c->push_open_seq && c->seq > c->push_open_seq) {
+    rc = coll__wait_all_finished(c, c->push_open_round);
+    c->push_open_seq = 0;
+  }
   if (rc) return rc;
   coll_args_t safe;
   void *copy;

@@ -289,6 +289,26 @@ int coll__wait_done(coll_comm_t *c, int peer, uint64_t round) {
   return rc;
 }
 
+/* A push's slices (algo_allreduce.c): rank q's slice is reduced by whichever rank claims it first,
+ * so a rank whose core went to another task holds up nobody; its claim word only grows. */
+int coll__claim_slice(coll_comm_t *c, int owner, uint64_t round) {
+  _Atomic uint64_t *w = &c->ctl[owner].slice_claim;
+  uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+  while (v < round)
+    if (atomic_compare_exchange_weak_explicit(w, &v, round, memory_order_acq_rel, memory_order_relaxed))
+      return 1;
+  return 0;
+}
+
+void coll__publish_slice(coll_comm_t *c, int owner, uint64_t round) {
+  atomic_store_explicit(&c->ctl[owner].slice_done, round, memory_order_release);
+  sync_notify(&c->ctl[owner]); /* its waiters sleep on the owner's wake word */
+}
+
+int coll__wait_slice(coll_comm_t *c, int owner, uint64_t round) {
+  return sync_wait(c, owner, &c->ctl[owner].slice_done, round, "a push's slice");
+}
+
 /* CPUs the whole job may use: the union of the ranks' affinity masks (a rank
  * pinned to one core still shares the job's cores), capped by the cgroup CPU
  * quota. Spinning pays off only while every rank has a CPU of its own. */
