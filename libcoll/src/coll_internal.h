@@ -27,7 +27,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3039ull /* "hbcoll09": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3130ull /* "hbcoll10": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -64,7 +64,7 @@ typedef struct {
   int32_t pu, tile, cluster; /* its first CPU, its L2's, its NUMA node (-1 none): its place in
                               * the tree (tree.c) */
   /* line 4: a push's slice of this rank (algo_allreduce.c), written by whichever rank claims it */
-  _Alignas(COLL_LINE) _Atomic uint64_t slice_claim; /* the last round it was claimed in */
+  _Alignas(COLL_LINE) _Atomic uint64_t slice_claim; /* round << COLL_SLICE_RANK_BITS | claimant */
   _Atomic uint64_t slice_done;                      /* the last round it was written in */
 } coll__ctl_t;
 _Static_assert(offsetof(coll__ctl_t, wake) == COLL_LINE, "flags and descriptors fill one line pair");
@@ -213,6 +213,7 @@ int coll__cma_copy(coll_comm_t *c, int peer, void *local, uint64_t remote, size_
 /* ---- sync.c: the shared-memory transport's flags (transport_shm.c) ---- */
 void coll__publish_arrive(coll_comm_t *c, uint64_t round);
 void coll__publish_done(coll_comm_t *c, uint64_t round);
+#define COLL_SLICE_RANK_BITS 16 /* more ranks than this: each claims only its own slice */
 int coll__claim_slice(coll_comm_t *c, int owner, uint64_t round);
 void coll__publish_slice(coll_comm_t *c, int owner, uint64_t round);
 int coll__wait_slice(coll_comm_t *c, int owner, uint64_t round);

@@ -290,23 +290,30 @@ int coll__wait_done(coll_comm_t *c, int peer, uint64_t round) {
 }
 
 /* A push's slices (algo_allreduce.c): rank q's slice is reduced by whichever rank claims it first,
- * so a rank whose core went to another task holds up nobody; its claim word only grows. */
+ * so a rank whose core went to another task holds up nobody. The claim word holds the round and
+ * the claimant (round << COLL_SLICE_RANK_BITS | rank) and only grows; waiters watch the claimant,
+ * whose death, not the owner's, leaves the slice unwritten. */
 int coll__claim_slice(coll_comm_t *c, int owner, uint64_t round) {
   _Atomic uint64_t *w = &c->ctl[owner].slice_claim;
   uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
-  while (v < round)
-    if (atomic_compare_exchange_weak_explicit(w, &v, round, memory_order_acq_rel, memory_order_relaxed))
+  while (v >> COLL_SLICE_RANK_BITS < round)
+    if (atomic_compare_exchange_weak_explicit(w, &v, round << COLL_SLICE_RANK_BITS | (uint64_t)c->rank,
+                                              memory_order_acq_rel, memory_order_relaxed))
       return 1;
   return 0;
 }
 
 void coll__publish_slice(coll_comm_t *c, int owner, uint64_t round) {
   atomic_store_explicit(&c->ctl[owner].slice_done, round, memory_order_release);
-  sync_notify(&c->ctl[owner]); /* its waiters sleep on the owner's wake word */
+  sync_notify(&c->ctl[c->rank]); /* its waiters sleep on the claimant's (my) wake word */
 }
 
 int coll__wait_slice(coll_comm_t *c, int owner, uint64_t round) {
-  return sync_wait(c, owner, &c->ctl[owner].slice_done, round, "a push's slice");
+  if (atomic_load_explicit(&c->ctl[owner].slice_done, memory_order_acquire) >= round) return 0;
+  /* every rank waiting here has tried to claim every slice: each has its claimant by now */
+  uint64_t v = atomic_load_explicit(&c->ctl[owner].slice_claim, memory_order_acquire);
+  int by = v >> COLL_SLICE_RANK_BITS == round ? (int)(v & ((1u << COLL_SLICE_RANK_BITS) - 1)) : owner;
+  return sync_wait(c, by, &c->ctl[owner].slice_done, round, "a push's slice");
 }
 
 /* CPUs the whole job may use: the union of the ranks' affinity masks (a rank
