@@ -227,7 +227,7 @@ static void ar_push_slice(coll_comm_t *c, const coll_args_t *a, int s, int strea
 static int ar_push(coll_comm_t *c, const coll_args_t *a, uint64_t t0) {
   int me = c->rank, P = c->size;
   int stream = a->count * coll_dtype_size(a->dtype) >= coll__push_stream_min(c);
-  int claims = P < 1 << COLL_SLICE_RANK_BITS ? P : 1; /* the claim word names the claimant */
+  int claims = P <= 1 << COLL_SLICE_RANK_BITS ? P : 1; /* the claim word names the claimant */
   for (int k = 0; k < claims; k++) {
     int s = (me + k) % P;
     if (!coll__claim_slice(c, s, t0)) continue;

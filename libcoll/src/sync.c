@@ -293,11 +293,15 @@ int coll__wait_done(coll_comm_t *c, int peer, uint64_t round) {
  * so a rank whose core went to another task holds up nobody. The claim word holds the round and
  * the claimant (round << COLL_SLICE_RANK_BITS | rank) and only grows; waiters watch the claimant,
  * whose death, not the owner's, leaves the slice unwritten. */
+#define COLL_SLICE_RANK_MASK ((1u << COLL_SLICE_RANK_BITS) - 1)
+/* my rank as a claim names it (beyond the mask, claims name nobody: each rank claims only its own) */
+static uint64_t coll__slice_by(const coll_comm_t *c) { return (uint64_t)c->rank & COLL_SLICE_RANK_MASK; }
+
 int coll__claim_slice(coll_comm_t *c, int owner, uint64_t round) {
   _Atomic uint64_t *w = &c->ctl[owner].slice_claim;
   uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
   while (v >> COLL_SLICE_RANK_BITS < round)
-    if (atomic_compare_exchange_weak_explicit(w, &v, round << COLL_SLICE_RANK_BITS | (uint64_t)c->rank,
+    if (atomic_compare_exchange_weak_explicit(w, &v, round << COLL_SLICE_RANK_BITS | coll__slice_by(c),
                                               memory_order_acq_rel, memory_order_relaxed))
       return 1;
   return 0;
@@ -312,7 +316,7 @@ int coll__wait_slice(coll_comm_t *c, int owner, uint64_t round) {
   if (atomic_load_explicit(&c->ctl[owner].slice_done, memory_order_acquire) >= round) return 0;
   /* every rank waiting here has tried to claim every slice: each has its claimant by now */
   uint64_t v = atomic_load_explicit(&c->ctl[owner].slice_claim, memory_order_acquire);
-  int by = v >> COLL_SLICE_RANK_BITS == round ? (int)(v & ((1u << COLL_SLICE_RANK_BITS) - 1)) : owner;
+  int by = v >> COLL_SLICE_RANK_BITS == round && c->size <= (int)COLL_SLICE_RANK_MASK + 1 ? (int)(v & COLL_SLICE_RANK_MASK) : owner;
   return sync_wait(c, by, &c->ctl[owner].slice_done, round, "a push's slice");
 }
 
