@@ -2,8 +2,10 @@
 that arrived and then lost its CPU (to a busy process, here to SIGSTOP) holds up nobody. Rank 0
 calls allreduce on hbmcoll.empty buffers first and is stopped inside the call; the other ranks
 must get the right result while it stays stopped (HBMCOLL_TIMEOUT turns a wait for it into an
-error), and rank 0 must find its result complete when it runs again. Then a few more calls with
-everyone running: the next calls' descriptors must not disturb the one rank 0 compared late."""
+error), and rank 0 must find its result complete when it runs again. Then a bcast from rank 1
+(which gives and goes) and a few more calls with everyone running, against the descriptors rank 0
+compares late. (Every call tried here waits for rank 0 before a rank's descriptor could come
+round to the push's place again, so collective.c's guard for that is not reached.)"""
 import os
 import signal
 import time
@@ -32,8 +34,7 @@ def stopped_first_rank(comm, steps):
             assert comm._c.algorithm == "push"
             if comm.rank == 1:
                 one[0] = 7
-            # rank 1 gives and goes; rank 2 needs only rank 1, then starts its next call, whose
-            # descriptor must wait until rank 0 compared the push's
+            # rank 1 gives and goes while rank 0 is still stopped
             comm.bcast(one, root=1)
             if comm.rank == 1:
                 time.sleep(0.3)
