@@ -158,7 +158,8 @@ def worker(a):
         """call(pg, x, ...), timed on groups with a peer; tensor_of(x): what it allreduces."""
         @functools.wraps(call)  # its signature: DDP checks a hook's
         def wrapper(pg, x, *rest):
-            if not calls["on"] or pg.getSize() == 1:  # the no-peer model's group: not timed
+            group = getattr(pg, "process_group", pg)  # the hook's state holds its group
+            if not calls["on"] or group.getSize() == 1:  # the no-peer model's group: not timed
                 return call(pg, x, *rest)
             t0 = time.perf_counter()
             done = call(pg, x, *rest)
@@ -166,7 +167,7 @@ def worker(a):
             calls["s"].append(time.perf_counter() - t0)
             t = tensor_of(x)
             calls["sizes"].append((t.numel(), str(t.dtype)))
-            calls["pg"] = pg
+            calls["pg"] = group
             return done
         return wrapper
     # DDP's calls: through its comm hook when its buckets live in the arena (given to the

@@ -164,7 +164,7 @@ static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
 /* run(kind, send=None, recv=None, op=0, root=0): the hot path, so FASTCALL
  * without building an argument tuple. The one place where kind, op and root
  * are range-checked, as Python ints, before they are narrowed to C ints. */
-static int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, int *kind,
+int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, int *kind,
                         PyObject **send, PyObject **recv, int *op, int *root) {
   if (n < 1 || n > 5) {
     PyErr_SetString(PyExc_TypeError, "run/start take 1 to 5 arguments");
@@ -402,6 +402,9 @@ static PyMethodDef comm_methods[] = {
      "run(kind, send, recv, op, root): blocking collective"},
     {"start", (PyCFunction)(void (*)(void))comm_start, METH_FASTCALL,
      "start(kind, send, recv, op, root) -> Request"},
+    {"prepare", (PyCFunction)(void (*)(void))hb_comm_prepare, METH_FASTCALL,
+     "prepare(kind, send, recv, op, root) -> Prepared: the arguments read once; calling it runs "
+     "the collective (the buffers must keep their memory)"},
     {"split", (PyCFunction)comm_split, METH_VARARGS, "split(color, key) -> Comm or None"},
     {"run_v", (PyCFunction)hb_comm_run_v, METH_VARARGS,
      "run_v(kind, send, recv, counts, op, root, make_out) -> the result make_out made, or None"},
@@ -490,14 +493,15 @@ static int hb_exec(PyObject *m) {
   st->BridgeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_bridge_spec, NULL);
   st->PoolMemoryType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_pool_memory_spec, NULL);
   st->MemServeType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_memserve_spec, NULL);
+  st->PreparedType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &hb_prepared_spec, NULL);
   if (!st->CommType || !st->RequestType || !st->P2PRequestType || !st->ArenaBufferType || !st->PlacementType ||
-      !st->BridgeType || !st->PoolMemoryType || !st->MemServeType)
+      !st->BridgeType || !st->PoolMemoryType || !st->MemServeType || !st->PreparedType)
     return -1;
   if (PyModule_AddType(m, st->CommType) < 0 || PyModule_AddType(m, st->RequestType) < 0 ||
       PyModule_AddType(m, st->P2PRequestType) < 0 ||
       PyModule_AddType(m, st->ArenaBufferType) < 0 || PyModule_AddType(m, st->PlacementType) < 0 ||
       PyModule_AddType(m, st->BridgeType) < 0 || PyModule_AddType(m, st->PoolMemoryType) < 0 ||
-      PyModule_AddType(m, st->MemServeType) < 0)
+      PyModule_AddType(m, st->MemServeType) < 0 || PyModule_AddType(m, st->PreparedType) < 0)
     return -1;
   static const char *kinds[] = {"BARRIER", "BCAST", "GATHER", "SCATTER", "ALLGATHER",
                                 "REDUCE", "ALLREDUCE", "REDUCE_SCATTER", "ALLTOALL"};
@@ -520,6 +524,7 @@ static int hb_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->BridgeType);
   Py_VISIT(st->PoolMemoryType);
   Py_VISIT(st->MemServeType);
+  Py_VISIT(st->PreparedType);
   return 0;
 }
 
@@ -534,6 +539,7 @@ static int hb_clear(PyObject *m) {
   Py_CLEAR(st->BridgeType);
   Py_CLEAR(st->PoolMemoryType);
   Py_CLEAR(st->MemServeType);
+  Py_CLEAR(st->PreparedType);
   return 0;
 }
 

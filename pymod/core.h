@@ -12,7 +12,7 @@
 typedef struct {
   PyObject *from_code; /* hbmcoll.errors.from_code: the one code -> exception mapping */
   PyTypeObject *CommType, *RequestType, *P2PRequestType, *ArenaBufferType, *PlacementType, *BridgeType,
-      *PoolMemoryType, *MemServeType;
+      *PoolMemoryType, *MemServeType, *PreparedType;
 } hb_state_t;
 
 /* A buffer held for the length of a collective: buffer protocol or DLPack. */
@@ -79,6 +79,13 @@ int hb_prepare(hb_state_t *st, int size, int rank, int kind, PyObject *send, PyO
 /* arena_buffer.c */
 extern PyType_Spec hb_arena_spec;
 PyObject *hb_comm_arena_alloc(hb_comm_t *self, PyObject *args); /* Comm.arena_alloc(nbytes) */
+
+/* _core.c: run()'s arguments (kind, send, recv, op, root), range-checked */
+int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, int *kind, PyObject **send,
+                 PyObject **recv, int *op, int *root);
+/* prepared.c: Comm.prepare(...) -> Prepared, a collective run by calling it */
+extern PyType_Spec hb_prepared_spec;
+PyObject *hb_comm_prepare(hb_comm_t *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* request.c */
 extern PyType_Spec hb_request_spec;

@@ -62,7 +62,9 @@ def _train(ddp, batches, mode):
 CASES = {"static_graph": dict(static_graph=True),
          "find_unused": dict(find_unused_parameters=True),
          "no_sync": {}, "join": {},
-         "buckets": dict(bucket_cap_mb=0.001, gradient_as_bucket_view=True),
+         # DDP's first bucket takes 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) whatever the cap:
+         # the net of this case is wide enough (hidden=20000, 1.6 MB) for several buckets
+         "buckets": dict(bucket_cap_mb=0.25, gradient_as_bucket_view=True),
          "bfloat16": {}, "float64": {}}
 
 
@@ -81,26 +83,41 @@ def rank_ddp_modes(comm, port):
         batches = _batches(r, None if mode == "join" else 4, dtype)
         got = []
         for group in (pg, gloo):
-            ddp = DDP(_Net(1, dtype, unused=name == "find_unused"), process_group=group, **kw)
+            net = _Net(1, dtype, unused=name == "find_unused", hidden=20000 if name == "buckets" else 32)
+            ddp = DDP(net, process_group=group, **kw)
             got.append(_train(ddp, batches, mode))
             if group is pg:
                 hooks = [h.__qualname__ for h, _ in ddp._comm_hooks]
                 storages = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters()
                             if p.grad is not None}
+                # the buckets' prepared calls: one per bucket index, the rebuilt ones replaced
+                prepared = [v[2] for v in ddp._comm_hooks[0][1].calls.values()]
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
         out[name] = {"diff": float((got[0] - got[1]).abs().max()), "tol": tol, "hooks": hooks,
-                     "grad_view_in_arena": all(s in _torch_ddp._in_arena for s in storages)}
+                     "grad_view_in_arena": all(s in _torch_ddp._in_arena for s in storages),
+                     "prepared": prepared, "inline": pg._inline}
     destroy_torch(dist)
     return out
 
 
-def test_ddp_modes_match_gloo(run_ranks):
-    res = run_ranks(2, rank_ddp_modes, free_port(), timeout=300, env={"HBMCOLL_TIMEOUT": "120"})
+@pytest.mark.parametrize("inline", ["1", "0"])
+def test_ddp_modes_match_gloo(run_ranks, inline):
+    """inline=1: each bucket's allreduce prepared once and called (ddp.py's _HookState); 0: the
+    backend's nonblocking allreduce, nothing prepared."""
+    res = run_ranks(2, rank_ddp_modes, free_port(), timeout=300,
+                    env={"HBMCOLL_TIMEOUT": "120", "HBMCOLL_TORCH_INLINE": inline})
     for r, out in enumerate(res):
         for name, case in out.items():
             assert case["diff"] <= case["tol"], (r, name, case)
             assert case["hooks"] == ["allreduce_hook"], (r, name, case)
+            assert case["inline"] == (inline == "1"), (r, name, case)
+            if inline == "0":
+                assert case["prepared"] == [], (r, name, case)
+            else:
+                assert case["prepared"] and len(set(case["prepared"])) == len(case["prepared"]), \
+                    (r, name, case)
         assert out["buckets"]["grad_view_in_arena"], out["buckets"]
+        assert inline == "0" or len(out["buckets"]["prepared"]) > 1, out["buckets"]
 
 
 def rank_ddp_private(comm, port):

@@ -16,6 +16,10 @@ model over an hbmcoll group on one node gets it at its first forward, unless a h
 registered already; ``HBMCOLL_TORCH_DDP_ARENA=0`` turns that off, and its buckets stay in
 private memory (staged), as with any other backend. A bucket the arena has no room for stays in
 private memory too, with one line saying so.
+
+Where hbmcoll registers the hook itself, its state (_HookState) keeps each moved bucket's
+allreduce prepared (Comm.prepare): DDP calls the hook right after the backward pass, when each
+call into torch costs microseconds, and a prepared bucket needs none (bench/README.md).
 """
 import functools
 import logging
@@ -24,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import log
+from .._core import ALLREDUCE as _ALLREDUCE, AVG as _AVG
 from ..errors import ArgumentError
 from .process_group import ProcessGroupHbmcoll, env_switch
 from .tensors import _NATIVE
@@ -71,29 +76,62 @@ def move_to_arena(t, core, rank=0):
     return True
 
 
-def allreduce_hook(process_group, bucket):
-    """DDP comm hook: average the bucket over process_group (None: the default group) in place,
-    its storage moved into hbmcoll's shared arena first where the group is an hbmcoll one on one
-    node. ``ddp_model.register_comm_hook(None, hbmcoll.torch.allreduce_hook)``."""
-    pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+class _HookState:
+    """What DDP hands allreduce_hook where hbmcoll registered it (_at_forward): the group, and
+    each bucket's allreduce prepared once its storage is in the arena (Comm.prepare), by the id
+    of the bucket's tensor: {id: (prepared call, completed future, bucket index)}. DDP keeps
+    this as long as the model; a bucket rebuilt under the same index replaces its entry."""
+    __slots__ = ("process_group", "calls")
+
+    def __init__(self, process_group):
+        self.process_group = process_group
+        self.calls = {}
+
+
+def allreduce_hook(state, bucket):
+    """DDP comm hook: average the bucket over the group in place, its storage moved into
+    hbmcoll's shared arena first where the group is an hbmcoll one on one node.
+    ``ddp_model.register_comm_hook(None, hbmcoll.torch.allreduce_hook)`` (state: a process group,
+    or None for the default one); hbmcoll registers it by itself at the first forward."""
+    # DDP calls this once per bucket with caches cold from the backward pass, where every call
+    # into torch costs microseconds: a bucket seen before is one dict lookup and one C call
     buf = bucket.buffer()
+    if state.__class__ is _HookState:
+        call = state.calls.get(id(buf))  # the entry holds buf: its id is not reused meanwhile
+        if call is not None:
+            call[0]()
+            return call[1]
+        pg = state.process_group
+    else:
+        pg = state if state is not None else dist.distributed_c10d._get_default_group()
     core = _core_of(pg)
     if core is None:  # another backend, or across nodes: as torch's own allreduce_hook
         buf.div_(pg.size())
         return dist.all_reduce(buf, group=pg, async_op=True).get_future().then(_first)
-    move_to_arena(buf, core, pg.rank())
+    moved = move_to_arena(buf, core, pg.rank())
     if buf.dtype not in _NATIVE:  # the backend adapts it (as DDP's own call would be)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG
         return pg.allreduce([buf], opts).get_future().then(_first)
-    # the backend's common case, without its options and Work when it runs now: DDP calls
-    # this once per bucket with caches cold from the backward pass, where every step costs
-    # microseconds
+    if moved and pg._inline and state.__class__ is _HookState:
+        # in the arena for good (nothing swaps its storage again): its address is fixed
+        run = core.prepare(_ALLREDUCE, buf, buf, _AVG, 0)
+        run()
+        fut = _done(buf)
+        index = bucket.index()
+        for key in [k for k, v in state.calls.items() if v[2] == index]:
+            del state.calls[key]
+        state.calls[id(buf)] = (run, fut, index)
+        return fut
     work = pg._allreduce_native(buf, "avg", [buf])
     if work is not None:
         return work.get_future().then(_first)
+    return _done(buf)
+
+
+def _done(value):
     fut = torch.futures.Future()
-    fut.set_result(buf)
+    fut.set_result(value)
     return fut
 
 
@@ -110,7 +148,7 @@ def _at_forward(module, args):
     if _core_of(module.process_group) is None or module._comm_hooks:
         return None
     try:
-        module.register_comm_hook(module.process_group, allreduce_hook)
+        module.register_comm_hook(_HookState(module.process_group), allreduce_hook)
     except RuntimeError:  # a built-in hook is registered (DDP allows one)
         return None
     # DDP takes one hook: a user's, registered after this, gets this error instead of torch's
