@@ -8,12 +8,14 @@
  * Prepared reads them at Comm.prepare() and holds the buffers from then on, so each call is
  * the lock, the collective without the GIL, and the unlock.
  *
- * The contract is MPI's: the buffers keep their memory between the calls. A NumPy array held
- * here cannot be resized (its buffer is exported); a torch tensor can, and a tensor whose
- * storage is swapped or resized after prepare() leaves this pointing at the old memory, so
- * only callers that own the storage (the DDP hook, torch/ddp.py) prepare torch tensors.
+ * The contract is MPI's: the buffers keep their memory between the calls. Holding them keeps
+ * them alive, not in place: a torch tensor's resize_ or set_, or a NumPy resize(refcheck=False),
+ * would leave this pointing at freed memory. So it is not public: only callers that own the
+ * storage (the DDP hook, torch/ddp.py) prepare.
  */
 #include "core.h"
+
+#include <string.h>
 
 typedef struct {
   PyObject_HEAD
@@ -41,6 +43,30 @@ PyObject *hb_comm_prepare(hb_comm_t *self, PyObject *const *args, Py_ssize_t nar
   return (PyObject *)p;
 }
 
+static int buf_traverse(const hb_buf_t *b, visitproc visit, void *arg) {
+  Py_VISIT(b->owner);
+  Py_VISIT(b->capsule);
+  if (b->has_view) Py_VISIT(b->view.obj);
+  return 0;
+}
+
+/* A Prepared is kept, so the cycles through its buffers are the collector's to find (a
+ * tensor holding its own prepared call in its __dict__) */
+static int prepared_traverse(hb_prepared_t *p, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(p));
+  Py_VISIT(p->comm);
+  int rc = buf_traverse(&p->sb, visit, arg);
+  return rc ? rc : buf_traverse(&p->rb, visit, arg);
+}
+
+static int prepared_clear(hb_prepared_t *p) {
+  hb_buf_release(&p->sb);
+  hb_buf_release(&p->rb);
+  memset(&p->args, 0, sizeof p->args);
+  Py_CLEAR(p->comm);
+  return 0;
+}
+
 /* p(): run the collective; None, or the error comm.run would raise. */
 static PyObject *prepared_call(hb_prepared_t *p, PyObject *args, PyObject *kw) {
   if (PyTuple_GET_SIZE(args) != 0 || (kw && PyDict_GET_SIZE(kw) != 0)) {
@@ -48,6 +74,10 @@ static PyObject *prepared_call(hb_prepared_t *p, PyObject *args, PyObject *kw) {
     return NULL;
   }
   hb_comm_t *c = p->comm;
+  if (c == NULL) { /* cleared by the collector: only a finalizer can still call it */
+    PyErr_SetString(PyExc_RuntimeError, "this prepared collective was cleared");
+    return NULL;
+  }
   if (hb_comm_usable(c) != 0 || hb_comm_lock(c) != 0) return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -61,21 +91,14 @@ static PyObject *prepared_call(hb_prepared_t *p, PyObject *args, PyObject *kw) {
 static void prepared_dealloc(hb_prepared_t *p) {
   PyTypeObject *tp = Py_TYPE(p);
   PyObject_GC_UnTrack(p);
-  hb_buf_release(&p->sb);
-  hb_buf_release(&p->rb);
-  Py_CLEAR(p->comm);
+  prepared_clear(p);
   tp->tp_free(p);
   Py_DECREF(tp);
 }
 
-static int prepared_traverse(hb_prepared_t *p, visitproc visit, void *arg) {
-  Py_VISIT(Py_TYPE(p));
-  Py_VISIT(p->comm);
-  return 0;
-}
-
 static PyType_Slot prepared_slots[] = {{Py_tp_dealloc, prepared_dealloc},
                                        {Py_tp_traverse, prepared_traverse},
+                                       {Py_tp_clear, prepared_clear},
                                        {Py_tp_call, prepared_call},
                                        {Py_tp_doc, "a collective prepared by Comm.prepare(); "
                                                    "calling it runs the collective"},

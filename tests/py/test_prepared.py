@@ -4,6 +4,10 @@ private and arena buffers, holds its NumPy buffers (they cannot be resized under
 arguments at prepare, and fails like comm.run: a disagreement is MismatchError on every rank,
 a closed communicator an error. DDP's comm hook runs on it (test_torch_ddp_arena.py)."""
 
+import gc
+import threading
+import weakref
+
 import numpy as np
 import pytest
 
@@ -69,6 +73,25 @@ def rank_prepared_refusals(comm):
         said["call args"] = "ran"
     except TypeError:
         said["call args"] = "TypeError"
+
+    def elsewhere():  # as comm.run: only the communicator's thread issues collectives
+        try:
+            run()
+            said["thread"] = "ran"
+        except hbmcoll.NotSupportedError:
+            said["thread"] = "NotSupportedError"
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+
+    class Held(bytearray):  # a buffer holding its own prepared call: a cycle the collector frees
+        pass
+    b = Held(16)
+    b.run = c.prepare(_core.ALLREDUCE, b, b, 0, 0)
+    gone = weakref.ref(b)
+    del b
+    gc.collect()
+    said["cycle freed"] = gone() is None
     comm.barrier()  # the refusals moved nothing: the ranks are still in step
     return said
 
@@ -77,7 +100,8 @@ def test_prepared_refuses_bad_arguments_on_its_own_rank(run_ranks):
     for said in run_ranks(2, rank_prepared_refusals):
         assert said == {"kind": "ArgumentError", "op": "ArgumentError", "root": "ArgumentError",
                         "shape": "ArgumentError", "dtype": "TypeError",
-                        "call args": "TypeError"}, said
+                        "call args": "TypeError", "thread": "NotSupportedError",
+                        "cycle freed": True}, said
 
 
 def rank_prepared_mismatch(comm):

@@ -68,6 +68,23 @@ CASES = {"static_graph": dict(static_graph=True),
          "bfloat16": {}, "float64": {}}
 
 
+def _prepared_calls(ddp, batches, dtype):
+    """After the case's training, two more steps on every rank, then two again: what the hook's
+    state holds then (its bucket indices), the same prepared calls both times (each step ran
+    them, none was prepared again), and each over a bucket DDP holds now (no rebuilt or join
+    bucket left pinned in the arena: with gradient_as_bucket_view, the grads' storages)."""
+    state = ddp._comm_hooks[0][1]
+    even = [torch.ones(8, 16, dtype=dtype)] * 2
+    _train(ddp, even, "plain")
+    before = {v[2]: v[0] for v in state.calls.values()}
+    _train(ddp, even, "plain")
+    after = {v[2]: v for v in state.calls.values()}
+    grads = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}
+    return {"indices": sorted(after), "kept": all(before.get(i) is v[0] for i, v in after.items()),
+            "current": all(v[1].value().untyped_storage().data_ptr() in grads
+                           for v in after.values()) if ddp.gradient_as_bucket_view else None}
+
+
 def rank_ddp_modes(comm, port):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -90,8 +107,7 @@ def rank_ddp_modes(comm, port):
                 hooks = [h.__qualname__ for h, _ in ddp._comm_hooks]
                 storages = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters()
                             if p.grad is not None}
-                # the buckets' prepared calls: one per bucket index, the rebuilt ones replaced
-                prepared = [v[2] for v in ddp._comm_hooks[0][1].calls.values()]
+                prepared = _prepared_calls(ddp, batches, dtype)
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
         out[name] = {"diff": float((got[0] - got[1]).abs().max()), "tol": tol, "hooks": hooks,
                      "grad_view_in_arena": all(s in _torch_ddp._in_arena for s in storages),
@@ -111,13 +127,15 @@ def test_ddp_modes_match_gloo(run_ranks, inline):
             assert case["diff"] <= case["tol"], (r, name, case)
             assert case["hooks"] == ["allreduce_hook"], (r, name, case)
             assert case["inline"] == (inline == "1"), (r, name, case)
+            got = case["prepared"]
             if inline == "0":
-                assert case["prepared"] == [], (r, name, case)
-            else:
-                assert case["prepared"] and len(set(case["prepared"])) == len(case["prepared"]), \
+                assert got["indices"] == [], (r, name, case)
+            else:  # one per bucket, called step after step
+                assert got["indices"] == list(range(len(got["indices"]))) and got["kept"], \
                     (r, name, case)
+                assert got["indices"] and got["current"] in (None, True), (r, name, case)
         assert out["buckets"]["grad_view_in_arena"], out["buckets"]
-        assert inline == "0" or len(out["buckets"]["prepared"]) > 1, out["buckets"]
+        assert inline == "0" or len(out["buckets"]["prepared"]["indices"]) > 1, out["buckets"]
 
 
 def rank_ddp_private(comm, port):

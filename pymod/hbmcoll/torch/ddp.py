@@ -23,6 +23,7 @@ call into torch costs microseconds, and a prepared bucket needs none (bench/READ
 """
 import functools
 import logging
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -78,14 +79,33 @@ def move_to_arena(t, core, rank=0):
 
 class _HookState:
     """What DDP hands allreduce_hook where hbmcoll registered it (_at_forward): the group, and
-    each bucket's allreduce prepared once its storage is in the arena (Comm.prepare), by the id
-    of the bucket's tensor: {id: (prepared call, completed future, bucket index)}. DDP keeps
-    this as long as the model; a bucket rebuilt under the same index replaces its entry."""
-    __slots__ = ("process_group", "calls")
+    the allreduce of each bucket seen twice in the arena, prepared (Comm.prepare), by the id of
+    the bucket's tensor: calls = {id: (prepared call, completed future, bucket index)}; seen =
+    {bucket index: weakref to the tensor seen there once}. Twice, because the zeros DDP hands a
+    joined rank (Join) are new tensors every step: they are never prepared, nor held here."""
+    __slots__ = ("process_group", "calls", "seen")
 
     def __init__(self, process_group):
         self.process_group = process_group
         self.calls = {}
+        self.seen = {}
+
+    def forget_from(self, index):
+        """A bucket not prepared at index: DDP rebuilt its buckets, or hands a joined rank
+        zeros. It calls them in index order (its reducer's next_bucket_), so the entries from
+        index on are gone or about to be: drop them, and with them their tensors and arena
+        blocks, before the new bucket asks the arena for its own."""
+        for key in [k for k, v in self.calls.items() if v[2] >= index]:
+            del self.calls[key]
+
+    def seen_twice(self, index, buf):
+        """True the second time buf comes at index (then prepare it), else remember it."""
+        first = self.seen.get(index)
+        if first is not None and first() is buf:
+            del self.seen[index]
+            return True
+        self.seen[index] = weakref.ref(buf)
+        return False
 
 
 def allreduce_hook(state, bucket):
@@ -94,14 +114,17 @@ def allreduce_hook(state, bucket):
     ``ddp_model.register_comm_hook(None, hbmcoll.torch.allreduce_hook)`` (state: a process group,
     or None for the default one); hbmcoll registers it by itself at the first forward."""
     # DDP calls this once per bucket with caches cold from the backward pass, where every call
-    # into torch costs microseconds: a bucket seen before is one dict lookup and one C call
+    # into torch costs microseconds: a prepared bucket is one dict lookup and one C call
     buf = bucket.buffer()
+    index = None
     if state.__class__ is _HookState:
         call = state.calls.get(id(buf))  # the entry holds buf: its id is not reused meanwhile
         if call is not None:
             call[0]()
             return call[1]
         pg = state.process_group
+        index = bucket.index()
+        state.forget_from(index)
     else:
         pg = state if state is not None else dist.distributed_c10d._get_default_group()
     core = _core_of(pg)
@@ -113,14 +136,11 @@ def allreduce_hook(state, bucket):
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG
         return pg.allreduce([buf], opts).get_future().then(_first)
-    if moved and pg._inline and state.__class__ is _HookState:
+    if moved and pg._inline and index is not None and state.seen_twice(index, buf):
         # in the arena for good (nothing swaps its storage again): its address is fixed
         run = core.prepare(_ALLREDUCE, buf, buf, _AVG, 0)
         run()
         fut = _done(buf)
-        index = bucket.index()
-        for key in [k for k, v in state.calls.items() if v[2] == index]:
-            del state.calls[key]
         state.calls[id(buf)] = (run, fut, index)
         return fut
     work = pg._allreduce_native(buf, "avg", [buf])
