@@ -146,13 +146,16 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
    * and compares at its next call (round.h), or before it waits on the root's progress
    * (coll__stage) */
   int gives = !want && !zoff;
+  int inl = coll__inline(nbytes); /* K = 1: a staged input rides in its rank's descriptor */
   uint64_t t0 = coll__round_begin(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
   if (gives) coll__round_unchecked(c, t0);
   for (uint64_t k = 0; k < K; k++) {
     uint64_t t = t0 + k;
     size_t off = k * CE, n = a->count ? coll__min(CE, a->count - off) : 0;
     if (!zoff && !to_rsag) { /* to_rsag: k = 0 is the last round */
-      if ((rc = coll__post(c, t, send + off * es, n * es, reader)) != 0) return rc;
+      rc = inl ? coll__post_inline(c, t, send, nbytes, reader)
+               : coll__post(c, t, send + off * es, n * es, reader);
+      if (rc) return rc;
     } else {
       coll__publish(c, t);
     }
@@ -174,7 +177,9 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
     int any_zc = 0;
     for (int q = 0; q < P; q++) {
       uint64_t qoff = coll__peer_desc(c, q)->send_off;
-      in[q] = qoff ? coll__shared(c, qoff) + off * es : coll__peer_slot(c, q, t);
+      in[q] = qoff  ? coll__shared(c, qoff) + off * es
+              : inl ? coll__peer_inline(c, q)
+                    : coll__peer_slot(c, q, t);
       any_zc |= qoff != 0;
     }
     /* my own part from my input, not from the slot my peers are reading (no line shared

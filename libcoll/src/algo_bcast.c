@@ -2,6 +2,7 @@
  * algo_bcast.c - broadcast from the root.
  *
  * Private buffers ("eager" up to HBMCOLL_SMALL_MAX, "pipelined" above; the same rounds):
+ * up to COLL_INLINE_MAX bytes ride in the root's descriptor (round.h), else
  * the root copies the message through its two staging slots, one slot-sized
  * chunk per round (t0 .. t0+K-1), the first staged before its descriptor is
  * published, and returns; receivers compare every descriptor at t0, copy each
@@ -39,8 +40,15 @@ static int bcast_give(coll_comm_t *c, const coll_args_t *a, size_t nbytes, int a
   uint64_t K = nbytes ? coll__div_up(nbytes, chunk) : 1, t0 = coll__round_next(c);
   const uint8_t *buf = a->recv;
   uint8_t *slot;
-  int rc = coll__stage(c, t0, &slot);
-  if (rc) return rc;
+  int rc;
+  if (coll__inline(nbytes)) { /* in my descriptor: K = 1 */
+    coll__round_begin(c, a, algo, 0, 0);
+    if ((rc = coll__post_inline(c, t0, buf, nbytes, -1)) != 0) return rc;
+    coll__round_unchecked(c, t0);
+    coll__round_end(c, t0);
+    return 0;
+  }
+  if ((rc = coll__stage(c, t0, &slot)) != 0) return rc;
   if (nbytes) coll__stage_copy(c, slot, buf, coll__min(chunk, nbytes));
   coll__round_begin(c, a, algo, 0, 0);
   coll__publish_staged(c, t0, -1, t0);
@@ -64,7 +72,8 @@ static int bcast_take(coll_comm_t *c, const coll_args_t *a, size_t nbytes, uint6
     uint64_t t = t0 + k;
     if (k && (rc = coll__wait(c, root, t)) != 0) return rc;
     size_t off = k * chunk, len = coll__min(chunk, nbytes - off);
-    if (len) coll__copy(c, buf + off, coll__peer_slot(c, root, t), len, stream);
+    if (coll__inline(nbytes)) memcpy(buf, coll__peer_inline(c, root), nbytes);
+    else if (len) coll__copy(c, buf + off, coll__peer_slot(c, root, t), len, stream);
     /* the root refills this slot two rounds on; for the last chunk my next arrival says I
      * am done (round.h), one publication fewer on the line the root polls */
     if (k + 1 < K) coll__finish(c, t);

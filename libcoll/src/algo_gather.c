@@ -36,6 +36,14 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   int root = a->root, me = c->rank, rc;
   uint64_t t0 = coll__round_next(c);
   uint8_t *slot = NULL;
+  int inl = coll__inline(nbytes); /* a part that fits rides in its rank's descriptor */
+  if (me != root && inl) {
+    coll__round_begin(c, a, GA_EAGER, 0, 0);
+    coll__round_end(c, t0);
+    if ((rc = coll__post_inline(c, t0, a->send, nbytes, root)) != 0) return rc;
+    coll__round_unchecked(c, t0);
+    return 0;
+  }
   if (me != root) { /* staged before the descriptor: one publication carries both */
     if ((rc = coll__stage(c, t0, &slot)) != 0) return rc;
     if (nbytes) coll__stage_copy(c, slot, a->send, nbytes);
@@ -53,7 +61,8 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   if (nbytes && recv + (size_t)me * nbytes != (const uint8_t *)a->send)
     memmove(recv + (size_t)me * nbytes, a->send, nbytes);
   for (int q = 0; q < c->size && nbytes; q++)
-    if (q != me) memcpy(recv + (size_t)q * nbytes, coll__peer_slot(c, q, t0), nbytes);
+    if (q != me)
+      memcpy(recv + (size_t)q * nbytes, inl ? coll__peer_inline(c, q) : coll__peer_slot(c, q, t0), nbytes);
   /* no `done`: my next arrival says it (round.h), before any sender may refill its slot */
   return 0;
 }

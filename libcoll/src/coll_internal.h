@@ -27,22 +27,24 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3130ull /* "hbcoll10": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3131ull /* "hbcoll11": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
 struct coll__desc {
   uint64_t seq;   /* collective number on this communicator, from 1 */
   uint64_t count;
-  int32_t kind;
-  int32_t dtype;
-  int32_t op;
-  int32_t root;
-  int32_t algo; /* the algorithm this rank picked: must agree too */
-  int32_t single_copy; /* 1: the offsets below are addresses in this rank's process (cma.c) */
   uint64_t send_off; /* segment offset of the send buffer if it is in the arena, else 0 */
   uint64_t recv_off; /* same for the receive buffer */
+  /* a message of up to COLL_INLINE_MAX bytes rides here (round.h: coll__post_inline): peers
+   * read it from the line they read to compare, with no slot line to fetch after it */
+  uint8_t payload[8];
+  int32_t root;
+  uint8_t kind, dtype, op;
+  uint8_t algo;        /* the algorithm this rank picked: must agree too */
+  uint8_t single_copy; /* 1: the offsets above are addresses in this rank's process (cma.c) */
 };
+_Static_assert(sizeof(struct coll__desc) == 56, "two descriptors and two flags fill one line pair");
 
 typedef struct {
   /* line 0: polled by peers */

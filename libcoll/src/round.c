@@ -113,6 +113,15 @@ int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int read
   return 0;
 }
 
+int coll__post_inline(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader) {
+  uint8_t *slot;
+  int rc = coll__stage(c, t, &slot);
+  if (rc) return rc;
+  memcpy(c->tp->desc(c, c->rank, c->seq)->payload, src, len);
+  coll__publish_staged(c, t, reader, t);
+  return 0;
+}
+
 int coll__wait_all(coll_comm_t *c, uint64_t t) {
   for (int k = 1; k < c->size; k++) {
     int rc = c->tp->wait_arrive(c, (c->rank + k) % c->size, t);

@@ -88,6 +88,18 @@ static inline void coll__publish_staged(coll_comm_t *c, uint64_t t, int reader, 
 static inline int coll__tree_readers(int root) { return -2 - root; }
 /* coll__stage, a copy of len bytes from src, coll__publish_staged(c, t, reader, t). */
 int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
+/* Up to this many bytes, a rank's part of a one-round collective rides in its descriptor:
+ * its readers take it from the line they compared, one cache line fewer to cross. */
+#define COLL_INLINE_MAX 8
+static inline int coll__inline(size_t nbytes) { return nbytes > 0 && nbytes <= COLL_INLINE_MAX; }
+/* coll__post of len <= COLL_INLINE_MAX bytes into my descriptor of this call instead of my
+ * slot (after coll__round_begin). The same wait first: the slot's readers finished the round
+ * it last served, which is also what lets a descriptor be rewritten two calls on. */
+int coll__post_inline(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
+/* What `peer` posted inline in this call. */
+static inline const uint8_t *coll__peer_inline(coll_comm_t *c, int peer) {
+  return coll__peer_desc(c, peer)->payload;
+}
 /* my arrival at t, no data of mine; done reading what was published at t */
 static inline void coll__publish(coll_comm_t *c, uint64_t t) { c->tp->publish_arrive(c, t); }
 static inline void coll__finish(coll_comm_t *c, uint64_t t) { c->tp->publish_done(c, t); }

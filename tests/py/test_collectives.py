@@ -353,3 +353,40 @@ def test_object_collectives(run_ranks, P):
     for r, (every, at_root, told) in enumerate(run_ranks(P, _objects)):
         assert every == want and told == {"said by": 1}
         assert at_root == (want if r == P - 1 else None)
+
+
+# ---- messages that ride in the descriptor (round.h: coll__post_inline) -------------------------
+
+def inline_rounds_rank(comm, n):
+    """n calls back to back of up to 8 bytes, each with new values and a rotating root: a bcast's
+    root gives and goes, so it may write its descriptor two calls on while others still read
+    this one; every result is checked."""
+    P, me = comm.size, comm.rank
+    bad = []
+    b = np.zeros(2, np.float32)
+    x = np.zeros(1, np.float64)
+    y = np.zeros(7, np.int8)
+    for i in range(n):
+        root = i % P
+        b[:] = (i, -i) if me == root else (-1, -1)
+        comm.bcast(b, root=root)
+        if b[0] != i or b[1] != -i:
+            bad.append(("bcast", i, b.tolist()))
+        x[0] = i + me
+        comm.allreduce(x)
+        if x[0] != P * i + P * (P - 1) // 2:
+            bad.append(("allreduce", i, float(x[0])))
+        y[:] = me + 1
+        got = comm.reduce(y, op="max", root=root)
+        if me == root and not (got == P).all():
+            bad.append(("reduce", i, got.tolist()))
+        g = comm.gather(np.array([i * P + me], np.int32), root=root)
+        if me == root and g.ravel().tolist() != [i * P + q for q in range(P)]:
+            bad.append(("gather", i, g.ravel().tolist()))
+    return bad[:5]
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_inline_messages_back_to_back(run_ranks, P):
+    for r, bad in enumerate(run_ranks(P, inline_rounds_rank, 20000, timeout=240)):
+        assert bad == [], (P, r, bad)

@@ -30,6 +30,18 @@ def _mm_count_zero(comm, odd):
     comm.allreduce(np.zeros(1 if odd else 0, np.int64))
 
 
+def _mm_count_inline(comm, odd):  # both within a descriptor's payload (round.h)
+    comm.allreduce(np.zeros(1 if odd else 2, np.float32))
+
+
+def _mm_root_bcast_inline(comm, odd):
+    comm.bcast(np.zeros(2, np.float32), root=1 if odd else 0)
+
+
+def _mm_op_reduce_inline(comm, odd):
+    comm.reduce(np.zeros(1, np.float64), op="max" if odd else "sum", root=0)
+
+
 def _mm_dtype(comm, odd):
     comm.allreduce(np.zeros(10, np.int32 if odd else np.float32))
 
@@ -165,7 +177,9 @@ def expect_of(name, c, odd):
             "kind_barrier": ["allreduce(", "barrier("], "kind_allgather": ["allgather(", "alltoall("],
             "algorithm": ["algorithm 1", "algorithm 2"], "nonblocking": ["count=5", "count=6"],
             "algorithm_forced_flat": ["algorithm 1", "algorithm 3" if c.size == 2 else "algorithm 2"],
-            "after_good_calls": ["root=0", f"root={c.size - 1}"]}[name]
+            "after_good_calls": ["root=0", f"root={c.size - 1}"],
+            "count_inline": ["count=1", "count=2"], "root_bcast_inline": ["root=0", "root=1"],
+            "op_reduce_inline": ["op=sum", "op=max"]}[name]
 
 
 @pytest.mark.parametrize("P", [2, 3])
