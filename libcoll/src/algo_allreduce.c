@@ -146,7 +146,7 @@ static int ar_flat(coll_comm_t *c, const coll_args_t *a, int spec) {
    * and compares at its next call (round.h), or before it waits on the root's progress
    * (coll__stage) */
   int gives = !want && !zoff;
-  int inl = coll__inline(nbytes); /* K = 1: a staged input rides in its rank's descriptor */
+  int inl = coll__inline(nbytes) && K == 1; /* a staged input rides in its rank's descriptor */
   uint64_t t0 = coll__round_begin(c, a, spec ? AR_FLAT_FIRST : AR_FLAT, zoff, roff);
   if (gives) coll__round_unchecked(c, t0);
   for (uint64_t k = 0; k < K; k++) {

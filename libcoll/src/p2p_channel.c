@@ -58,7 +58,7 @@
  * ordered pair, so P x P x 33 KiB of address space (2 ranks: 132 KiB; 64 ranks: 132 MiB). The
  * area is not pre-faulted (unlike the control lines and slots), so only channels that carry
  * messages ever take memory: a ring of 64 ranks passing to their neighbours uses 64 x 33 KiB.
- * The segment's layout changed with it: COLL_SEG_MAGIC is "hbcoll09".
+ * The segment's layout changed with it (COLL_SEG_MAGIC "hbcoll09" then).
  */
 #include <errno.h>
 #include <linux/futex.h>

@@ -91,10 +91,12 @@ int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int read
 /* Up to this many bytes, a rank's part of a one-round collective rides in its descriptor:
  * its readers take it from the line they compared, one cache line fewer to cross. */
 #define COLL_INLINE_MAX 8
+_Static_assert(COLL_INLINE_MAX <= sizeof(((coll__desc_t *)0)->payload), "the payload holds it");
 static inline int coll__inline(size_t nbytes) { return nbytes > 0 && nbytes <= COLL_INLINE_MAX; }
 /* coll__post of len <= COLL_INLINE_MAX bytes into my descriptor of this call instead of my
- * slot (after coll__round_begin). The same wait first: the slot's readers finished the round
- * it last served, which is also what lets a descriptor be rewritten two calls on. */
+ * slot (after coll__round_begin). The same wait first, for the slot's bookkeeping (its last
+ * readers' done is not lost); the descriptor itself may be rewritten two calls on because
+ * every peer arrived at the call between (coll__execute settles an unchecked one first). */
 int coll__post_inline(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader);
 /* What `peer` posted inline in this call. */
 static inline const uint8_t *coll__peer_inline(coll_comm_t *c, int peer) {
