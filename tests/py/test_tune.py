@@ -96,6 +96,19 @@ def test_a_threshold_is_chosen_from_its_paths_not_from_noise_between_equal_candi
     assert tune.choose(runs)["HBMCOLL_STREAM_MIN"][0] == "auto"
 
 
+def test_single_copy_is_chosen_for_each_collective_apart():
+    """The Xeon VM's HBMCOLL_CMA measurement of 2026-11-29 (us): bcast staged whatever the word
+    gives gather, 360-484 us at 4 MiB between its runs; gather's single copy 641-660 against
+    954-1,022 staged. Scored word by word, that scatter made "1" (both) win, and the suite's
+    bcast of 1 and 16 MiB then lost to MPICH; pooled by each collective's path, "gather"."""
+    measured = {"0": (100.5, 360.5, 161.8, 1022.4), "gather": (100.8, 484.1, 150.1, 659.7),
+                "bcast": (101.6, 425.4, 154.6, 953.5), "1": (106.5, 427.0, 106.9, 641.2)}
+    cases = ("bcast 1048576", "bcast 4194304", "gather 1048576", "gather 4194304")
+    runs = {f"HBMCOLL_CMA={v}": dict({c: t * 1e-6 for c, t in zip(cases, ts)}, works=True)
+            for v, ts in measured.items()}
+    assert tune.choose(runs)["HBMCOLL_CMA"][0] == "gather"
+
+
 def test_ranks_with_different_thresholds_still_choose_alike(tmp_path):
     """The creating rank's HBMCOLL_SMALL_MAX holds for all (a cache rewritten between two
     ranks' starts must not split them into different algorithms, a MismatchError)."""
