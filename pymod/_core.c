@@ -165,9 +165,9 @@ static int comm_traverse(hb_comm_t *self, visitproc visit, void *arg) {
  * without building an argument tuple. The one place where kind, op and root
  * are range-checked, as Python ints, before they are narrowed to C ints. */
 int hb_parse_run(hb_comm_t *self, PyObject *const *args, Py_ssize_t n, int *kind,
-                        PyObject **send, PyObject **recv, int *op, int *root) {
+                 PyObject **send, PyObject **recv, int *op, int *root) {
   if (n < 1 || n > 5) {
-    PyErr_SetString(PyExc_TypeError, "run/start take 1 to 5 arguments");
+    PyErr_SetString(PyExc_TypeError, "run/start/prepare take 1 to 5 arguments");
     return -1;
   }
   long long v[3] = {0, 0, 0};

@@ -157,24 +157,29 @@ def _threshold_bytes(var, value):
     return int(value.rstrip("KMG")) * scale
 
 
+def _takes_path(var, value, case, limit):
+    """Whether candidate value sends a case down the variable's path: for a threshold, the
+    case's size on its side of it; for HBMCOLL_CMA, the word naming the case's collective."""
+    coll, size = case.split()[0], int(case.split()[-1])
+    if var == "HBMCOLL_CMA":
+        return coll in CMA_COLLS[value]
+    return size <= limit[value] if SIDES[var] == "le" else size >= limit[value]
+
+
 def _pooled(var, runs, cases):
-    """For a threshold, the candidates that put a case's size on the same side take the same
-    path there: the same measurement repeated (for HBMCOLL_CMA, the words that give a case's
-    collective single copy, or not: so bcast's choice and gather's are made apart). Each gets the median of its side's times, so
+    """The candidates that send a case down the same path (for a threshold, those putting its
+    size on the same side; for HBMCOLL_CMA, the words that give its collective single copy or
+    not, so bcast's choice and gather's are made apart) take the same measurement repeated.
+    Each gets the median of its path's times, so
     the choice rests on the paths' difference, not on noise between equal candidates (scored one
     by one, such noise once outvoted a real gain of streaming: bench/README.md, "A threshold is
     scored by its paths")."""
-    side = SIDES.get(var)
-    limit = {v: _threshold_bytes(var, v) for v in runs} if side else {}
-    if var != "HBMCOLL_CMA" and (not side or None in limit.values()):
+    limit = {v: _threshold_bytes(var, v) for v in runs} if var in SIDES else {}
+    if var != "HBMCOLL_CMA" and (var not in SIDES or None in limit.values()):
         return runs
     out = {v: dict(r) for v, r in runs.items()}
     for case in cases:
-        coll, size = case.split()[0], int(case.split()[-1])
-        if var == "HBMCOLL_CMA":  # a collective's path is whether the word names it
-            taken = {v: coll in CMA_COLLS[v] for v in runs}
-        else:
-            taken = {v: size <= limit[v] if side == "le" else size >= limit[v] for v in runs}
+        taken = {v: _takes_path(var, v, case, limit) for v in runs}
         for group in (True, False):
             members = sorted((runs[v][case], v) for v in runs if taken[v] == group)
             for _, v in members:
