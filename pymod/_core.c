@@ -384,6 +384,12 @@ static PyObject *comm_get_staging(hb_comm_t *self, void *c) {
   size_t from = self->comm ? coll_comm_stage_streaming(self->comm, t) : 0;
   return Py_BuildValue("(Kdd)", (unsigned long long)from, t[0], t[1]);
 }
+static PyObject *comm_get_single_copy_probe(hb_comm_t *self, void *c) {
+  (void)c;
+  double t[2] = {0, 0};
+  size_t bytes = self->comm ? coll_comm_single_copy_probe(self->comm, t) : 0;
+  return Py_BuildValue("(Kdd)", (unsigned long long)bytes, t[0], t[1]);
+}
 static PyObject *comm_get_algorithm(hb_comm_t *self, void *c) {
   (void)c;
   return PyUnicode_FromString(self->comm ? coll_comm_algorithm(self->comm) : "");
@@ -436,6 +442,9 @@ static PyGetSetDef comm_getset[] = {
     {"staging", (getter)comm_get_staging, NULL,
      "(bytes, ordinary_s, streaming_s): staged chunks from this size are written with streaming "
      "stores (0 none), and the creation probe's best times (0: no probe)", NULL},
+    {"single_copy_probe", (getter)comm_get_single_copy_probe, NULL,
+     "(bytes, staged_s, single_s): the gathers the creation probe timed per rank (0: no probe) "
+     "and its best batches", NULL},
     {"error", (getter)comm_get_error, NULL, "(code, name, text) after a failure, else None", NULL},
     {"algorithm", (getter)comm_get_algorithm, NULL, "what the last collective ran as ('' before one)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

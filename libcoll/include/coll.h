@@ -255,13 +255,19 @@ void coll_comm_set_interrupt(coll_comm_t *comm, coll_interrupt_fn fn, void *arg)
 int coll_comm_error(const coll_comm_t *comm, const char **text_p);
 /* Bit (1 << kind) for each of COLL_BCAST and COLL_GATHER whose large messages
  * copy straight between the ranks' own buffers (HBMCOLL_CMA asks for it, and
- * process_vm_readv/writev works between every pair of ranks); 0 for none. */
+ * process_vm_readv/writev works between every pair of ranks; with "auto", the default, a
+ * gather's where it measured faster at creation); 0 for none. */
 int coll_comm_single_copy(const coll_comm_t *comm);
 /* The size from which the chunks this rank stages for its peers are written with streaming
  * stores (HBMCOLL_STAGE_STREAM_MIN, or what the communicator measured when it was made:
  * 0 for none, or a NULL comm), and the probe's best times in seconds, ordinary and
  * streaming (0 where there was no probe). */
 size_t coll_comm_stage_streaming(const coll_comm_t *comm, double times_s[2]);
+/* What the communicator measured when it was made, with HBMCOLL_CMA=auto (the default) and
+ * single copy working between every pair: the bytes per rank its probe gathered (0: no probe),
+ * and the best batch's times in seconds, staged and single copy. coll_comm_single_copy says
+ * which was kept. */
+size_t coll_comm_single_copy_probe(const coll_comm_t *comm, double times_s[2]);
 /* The algorithm the last collective on comm ran as ("flat", "rsag", "push", "tree",
  * "eager", "pipelined", "arena", "single-copy", "exchange", ...), for logs and timelines; a
  * static string, "" before the first. */

@@ -27,7 +27,7 @@
 #include "transport.h"
 
 #define COLL_LINE 128 /* two 64 B lines: Intel's adjacent-line prefetcher */
-#define COLL_SEG_MAGIC 0x6862636f6c6c3131ull /* "hbcoll11": header layout version */
+#define COLL_SEG_MAGIC 0x6862636f6c6c3132ull /* "hbcoll12": header layout version */
 #define COLL_TEXT_MAX 256
 
 /* What a rank says it is calling; peers compare it before moving data (round.c). */
@@ -84,6 +84,7 @@ typedef struct {
   uint32_t cma_kinds;  /* creator's HBMCOLL_CMA: bit (1 << kind) per collective that may use
                         * single copy (when every rank allows it and it works between every
                         * pair: coll_comm_t.cma) */
+  uint32_t cma_auto;   /* creator's HBMCOLL_CMA is auto: every rank probes (cma_probe.c) */
   uint64_t cma_min;    /* creator's HBMCOLL_CMA_MIN: a gather's ranks all choose alike */
   int32_t stage_auto;  /* creator's HBMCOLL_STAGE_STREAM_MIN is auto: every rank probes
                         * (stage_probe.c), or none does */
@@ -110,7 +111,8 @@ typedef struct {
   size_t push_stream_min;   /* and pushed with streaming stores from here */
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
-  int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast */
+  int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast,
+                             * COLL_CMA_AUTO gather where it measured faster */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
   size_t stage_stream_min;  /* copies into a slot a peer reads use streaming stores from here */
@@ -158,6 +160,8 @@ struct coll_comm {
   long spin_iters;
   int yield_budget; /* sched_yield calls before sleeping on the futex */
   double stage_probe_s[2]; /* best probe batch, ordinary and streaming staging (stage_probe.c) */
+  double cma_probe_s[2];   /* best probe batch of gathers, staged and single copy (cma_probe.c) */
+  size_t cma_probe_bytes;  /* the size those gathers moved per rank, 0: no probe */
   /* interrupt check, only for inline (caller thread) runs */
   coll_interrupt_fn interrupt_fn;
   void *interrupt_arg;
@@ -206,6 +210,7 @@ int coll__bootstrap(coll_comm_t *c, int *fd_inout, char *err, size_t errlen);
 
 /* ---- cma.c: single copy between private buffers (process_vm_readv/writev) ---- */
 #define COLL_CMA_MAX_RANKS 8
+#define COLL_CMA_AUTO 4 /* params.cma's "auto" */
 void coll__cma_publish_probe(coll_comm_t *c);
 int coll__cma_reads_peers(const coll_comm_t *c);
 void coll__cma_check_peers(coll_comm_t *c);
@@ -259,6 +264,9 @@ void coll__stream_fence(void);
 void coll__stage_copy(const coll_comm_t *c, void *slot, const void *src, size_t n);
 /* At creation: measure whether staging copies should stream (stage_probe.c); collective. */
 int coll__stage_probe(coll_comm_t *c);
+/* At creation, after the single-copy verdict (cma_probe.c): with HBMCOLL_CMA=auto, whether a
+ * gather's single copy stays on; collective (every rank, or none: the header says). */
+int coll__cma_probe(coll_comm_t *c);
 /* memcpy, or coll__copy_stream when `stream` (the caller fences). */
 void coll__copy(const coll_comm_t *c, void *dst, const void *src, size_t n, int stream);
 int coll__cpu_rep_movsb_fast(void);

@@ -44,7 +44,8 @@ static void comm_layout(coll__header_t *h, int size, const coll__params_t *p) {
   h->small_max = p->small_max;
   h->cma_min = p->cma_min;
   h->stage_auto = p->stage_stream_auto;
-  h->cma_kinds = (p->cma == 1 || p->cma == 2 ? 1u << COLL_GATHER : 0) |
+  h->cma_auto = p->cma == COLL_CMA_AUTO;
+  h->cma_kinds = (p->cma == 1 || p->cma == 2 || h->cma_auto ? 1u << COLL_GATHER : 0) |
                  (p->cma == 1 || p->cma == 3 ? 1u << COLL_BCAST : 0);
   h->total_bytes = h->arena_off + (size_t)size * p->arena_bytes;
   /* point-to-point last (p2p.h): not pre-faulted, so only the channels of pairs that talk
@@ -206,6 +207,7 @@ static int comm_create(const coll_comm_config_t *cfg, coll_comm_t *c) {
     coll__cma_agree(c);
   }
   if (rc == 0) rc = coll__stage_probe(c); /* collective: every rank, or none (the header says) */
+  if (rc == 0) rc = coll__cma_probe(c);   /* likewise */
   c->allow_interrupt = 0;
   c->creating = 0;
   if (rc) return rc;

@@ -26,9 +26,11 @@
  *                        default above COLL_TREE_FANOUT ranks with a CPU each, "flat"
  *                        turns it off)
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it,
- *                        for large bcast and gather; "gather" or "bcast": for that one only
- *                        (cma.c; default 0; python -m hbmcoll.tune measures which pays; the
- *                        creating rank's collectives hold for all, if every rank allows it)
+ *                        for large bcast and gather; "gather" or "bcast": for that one only;
+ *                        "auto" (the default): gather where the communicator measured it
+ *                        faster at creation (cma_probe.c); 0: never (python -m hbmcoll.tune
+ *                        measures which pays; the creating rank's word holds for all, if every
+ *                        rank allows it)
  *   HBMCOLL_CMA_MIN      bcast/gather: single copy from this size (default 256 KiB; the
  *                        creating rank's value holds for all)
  *   Every byte count above also takes "auto": its default.
@@ -218,7 +220,7 @@ static int param_word(const char *name, const char *const *words, int dflt, int 
 }
 
 int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
-  static const char *const cma_words[] = {"0", "1", "gather", "bcast", NULL};
+  static const char *const cma_words[] = {"0", "1", "gather", "bcast", "auto", NULL};
   memset(p, 0, sizeof *p);
   int rc = param_seconds("HBMCOLL_TIMEOUT", 0, NULL, &p->timeout_s, err, errlen);
   if (rc == 0) rc = param_seconds("HBMCOLL_STALL_WARN", 60, "off", &p->stall_warn_s, err, errlen);
@@ -260,7 +262,7 @@ int coll__params_load(coll__params_t *p, char *err, size_t errlen) {
     p->pipeline_chunks = (int)v;
   }
   if (rc == 0) rc = param_algo_list(p, err, errlen);
-  if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, 0, &p->cma, err, errlen);
+  if (rc == 0) rc = param_word("HBMCOLL_CMA", cma_words, COLL_CMA_AUTO, &p->cma, err, errlen);
   if (rc == 0) rc = param_size("HBMCOLL_CMA_MIN", 256 << 10, 0, &p->cma_min, err, errlen);
   static const char *const onoff[] = {"0", "1", NULL};
   if (rc == 0) rc = param_count("HBMCOLL_P2P_CELLS", 8, 2, 4096, "cells", &p->p2p_cells, err, errlen);

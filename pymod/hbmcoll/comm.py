@@ -181,12 +181,22 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     @property
     def single_copy(self):
         """The collectives ("bcast", "gather") whose large messages copy straight between the
-        ranks' own buffers, empty when none: asked for with HBMCOLL_CMA (1, gather, bcast;
-        python -m hbmcoll.tune measures which pays on the host), and process_vm_readv/writev
+        ranks' own buffers, empty when none: asked for with HBMCOLL_CMA (1, gather, bcast; "auto",
+        the default, gather where it measured faster at creation; python -m hbmcoll.tune
+        measures which pays on the host), and process_vm_readv/writev
         works between every pair (not across PID namespaces, nor where seccomp or Yama refuse
         it). Otherwise they stage through the shared segment."""
         kinds = self._c.single_copy
         return tuple(name for name, k in (("bcast", _BCAST), ("gather", _GATHER)) if kinds >> k & 1)
+
+    @property
+    def single_copy_probe(self):
+        """What the communicator measured when it was made, with HBMCOLL_CMA=auto (the default):
+        {"bytes": what each rank gathered, "us": (staged, single copy) best batches}, or None
+        without a probe (single copy does not work here, another HBMCOLL_CMA word, or fewer
+        CPUs than ranks, where single copy stays). `single_copy` says what was kept."""
+        nbytes, staged, single = self._c.single_copy_probe
+        return {"bytes": nbytes, "us": (staged * 1e6, single * 1e6)} if nbytes else None
 
     @property
     def staging(self):

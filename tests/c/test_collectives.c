@@ -13,8 +13,9 @@
  *             place / send == recv, reductions over a rotation of dtype x op,
  *             allreduce and reduce auto / flat / rsag; again with
  *             HBMCOLL_SLOT_BYTES=4096 (many chunks, many parity reuses); again
- *             with HBMCOLL_CMA=1 (large bcast and gather single copy, cma.c)
- *             and with single copy from the smallest non-eager size; again
+ *             with HBMCOLL_CMA=1 (large bcast and gather single copy, cma.c),
+ *             =0 (staged only), auto (gather as its creation probe chose,
+ *             cma_probe.c) and with single copy from the smallest non-eager size; again
  *             with the small collectives on the tree (algo_tree.c).
  *  random     the same pseudo-random sequence of collectives on every rank.
  *  many       65 ranks with 4 KiB slots.
@@ -218,6 +219,7 @@ int main(int argc, char **argv) {
                                          "HBMCOLL_PUSH_STREAM_MIN=0", NULL};
   const char *const rep_movsb_always[] = {"HBMCOLL_REP_MOVSB_MIN=0", NULL};
   const char *const single_copy[] = {"HBMCOLL_CMA=1", NULL};
+  const char *const staged_only[] = {"HBMCOLL_CMA=0", NULL};
   const char *const staged_streamed[] = {"HBMCOLL_STAGE_STREAM_MIN=0", NULL};
   const char *const staged_ordinary[] = {"HBMCOLL_STAGE_STREAM_MIN=off", NULL};
   const char *const all_single_copy[] = {"HBMCOLL_CMA=1", "HBMCOLL_SLOT_BYTES=4096", "HBMCOLL_CMA_MIN=1", NULL};
@@ -227,7 +229,9 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int P = sizes[i];
     if (CASE("matrix slot=4096")) spawn("matrix slot=4096", P, 600, small_slots, rank_matrix, NULL);
-    if (CASE("matrix staged only")) spawn("matrix staged only", P, 600, NULL, rank_matrix, (void *)&no);
+    if (CASE("matrix staged only")) spawn("matrix staged only", P, 600, staged_only, rank_matrix, (void *)&no);
+    if (P <= 3 && CASE("matrix single copy as measured (HBMCOLL_CMA=auto)"))
+      spawn("matrix single copy as measured (HBMCOLL_CMA=auto)", P, 600, NULL, rank_matrix, NULL);
     if ((P == 2 || P == 5) && CASE("matrix single copy (HBMCOLL_CMA=1)"))
       spawn("matrix single copy (HBMCOLL_CMA=1)", P, 600, single_copy, rank_matrix, (void *)&yes);
     if ((P == 2 || P == 3) && CASE("matrix single copy, gather only"))

@@ -40,7 +40,7 @@ def test_tune_measures_caches_and_init_applies_it(tmp_path):
     assert doc["host"] == tune.host()
     assert doc["choice"]["HBMCOLL_SMALL_MAX"] in tune.CANDIDATES["HBMCOLL_SMALL_MAX"]
     assert doc["choice"]["HBMCOLL_CMA"] in tune.CANDIDATES["HBMCOLL_CMA"]
-    assert all(t > 0 for run in doc["measured_s"].values() for k, t in run.items() if k != "works")
+    assert all(t > 0 for run in doc["measured_s"].values() for k, t in run.items() if k not in ("works", "single"))
     show = subprocess.run([sys.executable, "-m", "hbmcoll.tune", "--show"], env=dict(ENV, HBMCOLL_TUNE_FILE=cache),
                           capture_output=True, text=True, timeout=60).stdout
     assert json.dumps(doc["choice"], sort_keys=True) in show
@@ -67,16 +67,24 @@ def test_tune_measures_caches_and_init_applies_it(tmp_path):
 def test_the_choice_is_the_measured_best_unless_the_default_is_as_good():
     def runs(times):  # candidate -> (time at 4 KiB, eager for all; time at 64 KiB)
         return {f"HBMCOLL_SMALL_MAX={v}": {"bcast 4096": a, "bcast 65536": b} for v, (a, b) in times.items()}
-    def cma_runs(times):  # single copy pays for gather and not for bcast, as on the Xeon VM
-        return {f"HBMCOLL_CMA={v}": {"bcast 1048576": b, "gather 1048576": g, "works": True}
-                for v, (b, g) in times.items()}
-    cma = cma_runs({"0": (1.0, 2.0), "gather": (1.0, 1.0), "bcast": (1.6, 2.0), "1": (1.6, 1.0)})
+    def cma_runs(times, auto_kept):  # single copy pays for gather and not for bcast, as on the Xeon VM
+        asked = dict(tune.CMA_COLLS, auto=auto_kept)
+        return {f"HBMCOLL_CMA={v}": {"bcast 1048576": b, "gather 1048576": g, "works": True,
+                                     "single": list(asked[v])} for v, (b, g) in times.items()}
+    times = {"0": (1.0, 2.0), "gather": (1.0, 1.0), "bcast": (1.6, 2.0), "1": (1.6, 1.0)}
     fast64 = runs({"8K": (1.0, 2.0), "16K": (1.1, 2.1), "32K": (1.0, 1.9), "64K": (1.0, 1.0), "128K": (0.9, 1.0)})
+    # the creation probe kept gather's single copy: the default is as good as the best word
+    cma = cma_runs(dict(times, auto=(1.0, 1.02)), ("gather",))
     assert {k: v for k, (v, _) in tune.choose(dict(fast64, **cma)).items()} == {
-        "HBMCOLL_SMALL_MAX": "64K", "HBMCOLL_CMA": "gather"}
+        "HBMCOLL_SMALL_MAX": "64K", "HBMCOLL_CMA": "auto"}
+    # the probe got it wrong (it staged): the tune's measurement overrides it
+    cma = cma_runs(dict(times, auto=(1.0, 2.0)), ())
+    assert tune.choose(dict(fast64, **cma))["HBMCOLL_CMA"][0] == "gather"
     close = runs({"8K": (1.0, 1.03), "16K": (1.0, 1.03), "32K": (1.0, 1.03), "64K": (1.0, 1.0),
                   "128K": (1.0, 1.0)})  # eager at 64 KiB wins by less than the noise
-    cma["HBMCOLL_CMA=1"]["works"] = False  # a container without process_vm_readv
+    cma = cma_runs(dict(times, auto=(1.0, 2.0)), ())
+    for run in cma.values():  # a container without process_vm_readv: every word stages
+        run.update(works=False, single=[])
     choice = tune.choose(dict(close, **cma))
     assert choice["HBMCOLL_SMALL_MAX"][0] == "16K" and choice["HBMCOLL_CMA"] == ("0", "single copy does not work here")
 
@@ -102,9 +110,11 @@ def test_single_copy_is_chosen_for_each_collective_apart():
     954-1,022 staged. Scored word by word, that scatter made "1" (both) win, and the suite's
     bcast of 1 and 16 MiB then lost to MPICH; pooled by each collective's path, "gather"."""
     measured = {"0": (100.5, 360.5, 161.8, 1022.4), "gather": (100.8, 484.1, 150.1, 659.7),
-                "bcast": (101.6, 425.4, 154.6, 953.5), "1": (106.5, 427.0, 106.9, 641.2)}
+                "bcast": (101.6, 425.4, 154.6, 953.5), "1": (106.5, 427.0, 106.9, 641.2),
+                "auto": (101.0, 370.2, 158.3, 1001.0)}  # (a probe that chose staging)
     cases = ("bcast 1048576", "bcast 4194304", "gather 1048576", "gather 4194304")
-    runs = {f"HBMCOLL_CMA={v}": dict({c: t * 1e-6 for c, t in zip(cases, ts)}, works=True)
+    asked = dict(tune.CMA_COLLS, auto=())
+    runs = {f"HBMCOLL_CMA={v}": dict({c: t * 1e-6 for c, t in zip(cases, ts)}, works=True, single=list(asked[v]))
             for v, ts in measured.items()}
     assert tune.choose(runs)["HBMCOLL_CMA"][0] == "gather"
 

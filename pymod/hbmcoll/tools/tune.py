@@ -17,7 +17,9 @@ each with the choices before it applied (the push thresholds depend on each othe
 - HBMCOLL_SMALL_MAX: where the one-round eager/flat copy gives way to the pipelined one;
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
   where the kernel allows it (a container may not): it can win for gather and lose for bcast
-  on the same host, as a bcast's staged root returns while the receivers copy;
+  on the same host, as a bcast's staged root returns while the receivers copy; "auto" (the
+  default: gather's single copy where a probe at creation found it faster) is scored by the
+  paths its probe chose;
 - HBMCOLL_CMA_MIN: from which size those collectives copy once (measured on them only);
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
 - HBMCOLL_REP_MOVSB_MIN: from which size plain copies use `rep movsb` rather than memcpy ("auto":
@@ -46,7 +48,7 @@ import time
 
 from .tune_cache import CANDIDATES, apply, cache_path, host, load  # noqa: F401 (this module's names before the split)
 
-DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "0", "HBMCOLL_CMA_MIN": "256K",
+DEFAULTS = {"HBMCOLL_SMALL_MAX": "16K", "HBMCOLL_CMA": "auto", "HBMCOLL_CMA_MIN": "256K",
             "HBMCOLL_SLOT_BYTES": "256K",
             "HBMCOLL_REP_MOVSB_MIN": "auto",
             "HBMCOLL_STREAM_MIN": "auto", "HBMCOLL_PUSH_MIN": "auto", "HBMCOLL_PUSH_STREAM_MIN": "auto"}
@@ -61,7 +63,10 @@ CASES = {"HBMCOLL_SMALL_MAX": (("bcast", "gather", "allreduce"), (4096, 16384, 3
          "HBMCOLL_STREAM_MIN": (("allreduce",), (1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_MIN": (("allreduce-arena",), (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)),
          "HBMCOLL_PUSH_STREAM_MIN": (("allreduce-arena",), (1 << 20, 4 << 20, 16 << 20))}
-CMA_COLLS = {"0": (), "gather": ("gather",), "bcast": ("bcast",), "1": ("bcast", "gather")}
+# what each HBMCOLL_CMA word asks for ("auto": what the communicator's probe kept, recorded as
+# "single" beside the times; so is what each word got, as a container may refuse single copy)
+CMA_COLLS = {"0": (), "gather": ("gather",), "bcast": ("bcast",), "1": ("bcast", "gather"), "auto": ()}
+NOT_CASES = ("works", "single")
 NOISE = 1.05
 
 
@@ -107,7 +112,7 @@ def _worker(rounds):
     for var, values in CANDIDATES.items():
         colls, sizes = CASES[var]
         if var == "HBMCOLL_CMA_MIN":
-            colls = CMA_COLLS[os.environ["HBMCOLL_CMA"]]
+            colls = got[f"HBMCOLL_CMA={os.environ['HBMCOLL_CMA']}"]["single"]
             if not colls:  # no single copy here: its threshold changes nothing
                 continue
         for value in values:
@@ -115,7 +120,7 @@ def _worker(rounds):
             comm = init()
             got[f"{var}={value}"] = {f"{c} {z}": _time(comm, c, z, rounds) for c in colls for z in sizes}
             if var == "HBMCOLL_CMA":
-                got[f"{var}={value}"]["works"] = bool(comm.single_copy)
+                got[f"{var}={value}"].update(works=bool(comm.single_copy), single=list(comm.single_copy))
             comm.close()
         # the next variables are measured with this choice (every rank has the same slowest-rank
         # times, so every rank chooses alike)
@@ -159,10 +164,11 @@ def _threshold_bytes(var, value):
 
 def _takes_path(var, value, case, limit):
     """Whether candidate value sends a case down the variable's path: for a threshold, the
-    case's size on its side of it; for HBMCOLL_CMA, the word naming the case's collective."""
+    case's size on its side of it; for HBMCOLL_CMA, whether the word gave the case's collective
+    single copy (limit: the collectives it did)."""
     coll, size = case.split()[0], int(case.split()[-1])
     if var == "HBMCOLL_CMA":
-        return coll in CMA_COLLS[value]
+        return coll in limit[value]
     return size <= limit[value] if SIDES[var] == "le" else size >= limit[value]
 
 
@@ -175,6 +181,8 @@ def _pooled(var, runs, cases):
     by one, such noise once outvoted a real gain of streaming: bench/README.md, "A threshold is
     scored by its paths")."""
     limit = {v: _threshold_bytes(var, v) for v in runs} if var in SIDES else {}
+    if var == "HBMCOLL_CMA":
+        limit = {v: r.get("single", CMA_COLLS[v]) for v, r in runs.items()}
     if var != "HBMCOLL_CMA" and (var not in SIDES or None in limit.values()):
         return runs
     out = {v: dict(r) for v, r in runs.items()}
@@ -192,7 +200,7 @@ def _choose_one(var, runs):
     values = CANDIDATES[var]
     if var == "HBMCOLL_CMA" and not runs["1"].get("works"):
         return "0", "single copy does not work here"
-    cases = [k for k in runs[values[0]] if k != "works"]
+    cases = [k for k in runs[values[0]] if k not in NOT_CASES]
     runs = _pooled(var, runs, cases)
     best = {k: min(runs[v][k] for v in values) for k in cases}
     score = {v: math.exp(sum(math.log(runs[v][k] / best[k]) for k in cases) / len(cases)) for v in values}

@@ -11,7 +11,7 @@ import platform
 
 # the variables the tuning sets (the cache sets no other), and the candidates measured for each
 CANDIDATES = {"HBMCOLL_SMALL_MAX": ["8K", "16K", "32K", "64K", "128K"],
-              "HBMCOLL_CMA": ["0", "gather", "bcast", "1"],
+              "HBMCOLL_CMA": ["0", "gather", "bcast", "1", "auto"],
               "HBMCOLL_CMA_MIN": ["64K", "128K", "256K", "512K", "1M"],
               "HBMCOLL_SLOT_BYTES": ["128K", "256K", "512K"],
               "HBMCOLL_REP_MOVSB_MIN": ["auto", "off", "256K", "1M"],

@@ -1,0 +1,99 @@
+/*
+ * cma_probe.c - whether a large gather copies once (cma.c) or stages, measured when a
+ * communicator is made (HBMCOLL_CMA=auto, the default).
+ *
+ * Single copy saves a gather's second copy but makes the kernel pin the root's pages for every
+ * write; which costs more depends on the machine (bench/README.md has hosts where it lost and
+ * hosts where it won at every size from 256 KiB). So where single copy works between every pair,
+ * a new communicator times gathers of the size it would start at (HBMCOLL_CMA_MIN), staged and
+ * single copy in turn, each batch timed to a barrier; rank 0 keeps single copy only if its best
+ * batch was clearly faster, and every rank takes rank 0's answer. About a millisecond on two
+ * ranks. Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
+ * on a CPU at once where single copy does not, so there single copy stays without a probe.
+ * bcast is not probed: its staged root returns while the receivers copy, which single copy
+ * loses (python -m hbmcoll.tune measures it, and HBMCOLL_CMA=1 or =bcast asks for it).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_internal.h"
+#include "core_share.h"
+#include "round.h"
+
+#define PROBE_MIN ((size_t)64 << 10)
+#define PROBE_MAX ((size_t)4 << 20) /* above: not probed, the verdict stays (memory: P times it) */
+#define PROBE_CALLS 4
+#define PROBE_ROUNDS 3
+#define PROBE_MARGIN 0.9 /* single copy's best batch at most this share of the staged one's */
+
+static int probe_batch(coll_comm_t *c, const void *send, void *recv, size_t bytes, int single,
+                       double *best) {
+  c->cma = single;
+  coll_args_t gather = {.kind = COLL_GATHER, .dtype = COLL_UINT8, .count = bytes, .send = send, .recv = recv};
+  coll_args_t barrier = {.kind = COLL_BARRIER};
+  double t0 = coll__core_now();
+  int rc = 0;
+  for (int i = 0; i < PROBE_CALLS && rc == 0; i++) rc = coll__execute(c, &gather);
+  if (rc == 0) rc = coll__execute(c, &barrier);
+  double t = coll__core_now() - t0;
+  if (t < *best) *best = t;
+  return rc;
+}
+
+/* The size a probe gathers per rank: where single copy would start, past the eager path. */
+static size_t probe_bytes(const coll_comm_t *c) {
+  size_t n = c->hdr->cma_min > PROBE_MIN ? c->hdr->cma_min : PROBE_MIN;
+  if (n <= coll__small_max(c)) n = coll__small_max(c) + 1;
+  return (n + 4095) & ~(size_t)4095;
+}
+
+/* Every rank's buffers, or none (*ok 0 on every rank when one is short of memory). */
+static int probe_buffers(coll_comm_t *c, size_t bytes, uint8_t **send, uint8_t **recv, int32_t *ok) {
+  *send = malloc(bytes);
+  *recv = c->rank == 0 ? malloc(bytes * (size_t)c->size) : NULL;
+  *ok = *send && (c->rank != 0 || *recv);
+  if (*send) memset(*send, c->rank, bytes);
+  if (*recv) memset(*recv, 0, bytes * (size_t)c->size); /* first touch outside the timing */
+  coll_args_t all = {.kind = COLL_ALLREDUCE, .dtype = COLL_INT32, .op = COLL_MIN, .count = 1,
+                     .send = ok, .recv = ok};
+  return coll__execute(c, &all);
+}
+
+size_t coll_comm_single_copy_probe(const coll_comm_t *c, double times_s[2]) {
+  c = coll__comm_here(c); /* across nodes: what this node's stages chose */
+  if (times_s) times_s[0] = c ? c->cma_probe_s[0] : 0, times_s[1] = c ? c->cma_probe_s[1] : 0;
+  return c ? c->cma_probe_bytes : 0;
+}
+
+int coll__cma_probe(coll_comm_t *c) {
+  if (!c->hdr->cma_auto || !c->cma) return 0; /* the verdict is the same on every rank */
+  if (c->parent) { /* a split's ranks are on the parent's cores: its answer holds */
+    c->cma = c->parent->cma;
+    return 0;
+  }
+  size_t bytes = probe_bytes(c);
+  if (c->size < 2 || !coll__roomy(c) || bytes > PROBE_MAX) return 0;
+  uint8_t *send, *recv;
+  int32_t ok;
+  int rc = probe_buffers(c, bytes, &send, &recv, &ok);
+  double best[2] = {INFINITY, INFINITY};
+  for (int r = 0; r < PROBE_ROUNDS && rc == 0 && ok; r++)
+    for (int single = 0; single < 2 && rc == 0; single++)
+      rc = probe_batch(c, send, recv, bytes, single, &best[single]);
+  free(send);
+  free(recv);
+  int64_t choice = ok && best[1] < PROBE_MARGIN * best[0]; /* no memory to measure: staged */
+  c->cma = 0; /* the answer below travels staged either way */
+  coll_args_t say = {.kind = COLL_BCAST, .dtype = COLL_INT64, .count = 1, .recv = &choice};
+  coll_args_t barrier = {.kind = COLL_BARRIER}; /* the root of `say` learns of trouble here */
+  if (rc == 0) rc = coll__execute(c, &say);
+  if (rc == 0) rc = coll__execute(c, &barrier);
+  c->cma = rc == 0 && choice == 1;
+  int measured = rc == 0 && ok;
+  c->cma_probe_bytes = measured ? bytes : 0;
+  c->cma_probe_s[0] = measured ? best[0] : 0;
+  c->cma_probe_s[1] = measured ? best[1] : 0;
+  return rc;
+}
