@@ -5,10 +5,10 @@
  * Single copy saves a gather's second copy but makes the kernel pin the root's pages for every
  * write; which costs more depends on the machine (bench/README.md has hosts where it lost and
  * hosts where it won at every size from 256 KiB). So where single copy works between every pair,
- * a new communicator times gathers of the size it would start at (HBMCOLL_CMA_MIN), staged and
- * single copy in turn, each batch timed to a barrier; rank 0 keeps single copy only if its best
- * batch was clearly faster, and every rank takes rank 0's answer. About a millisecond on two
- * ranks. Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
+ * a new communicator times gathers of 1 MiB a rank (or HBMCOLL_CMA_MIN, if larger), staged and
+ * single copy in turn, each batch timed to a barrier; rank 0 keeps single copy (from
+ * HBMCOLL_CMA_MIN on) only if its best batch was clearly faster, and every rank takes rank 0's
+ * answer. A few milliseconds on two ranks. Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
  * on a CPU at once where single copy does not, so there single copy stays without a probe.
  * bcast is not probed: its staged root returns while the receivers copy, which single copy
  * loses (python -m hbmcoll.tune measures it, and HBMCOLL_CMA=1 or =bcast asks for it).
@@ -22,9 +22,9 @@
 #include "core_share.h"
 #include "round.h"
 
-#define PROBE_MIN ((size_t)64 << 10)
+#define PROBE_MIN ((size_t)1 << 20) /* a large gather's time, whatever HBMCOLL_CMA_MIN says */
 #define PROBE_MAX ((size_t)4 << 20) /* above: not probed, the verdict stays (memory: P times it) */
-#define PROBE_CALLS 4
+#define PROBE_CALLS 2
 #define PROBE_ROUNDS 3
 #define PROBE_MARGIN 0.9 /* single copy's best batch at most this share of the staged one's */
 
@@ -42,7 +42,8 @@ static int probe_batch(coll_comm_t *c, const void *send, void *recv, size_t byte
   return rc;
 }
 
-/* The size a probe gathers per rank: where single copy would start, past the eager path. */
+/* The size a probe gathers per rank: large, from where single copy would start, past the eager
+ * path. */
 static size_t probe_bytes(const coll_comm_t *c) {
   size_t n = c->hdr->cma_min > PROBE_MIN ? c->hdr->cma_min : PROBE_MIN;
   if (n <= coll__small_max(c)) n = coll__small_max(c) + 1;

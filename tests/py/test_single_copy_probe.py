@@ -25,7 +25,7 @@ def probe_rank(comm):
 def test_auto_measures_and_rank_0_answers_for_all(run_ranks):
     got = run_ranks(2, probe_rank, env={"HBMCOLL_CMA": "auto"})
     assert got[0][0] == got[1][0] and got[0][0] in ((), ("gather",)), got
-    assert all(g[1] and g[1][0] == 256 << 10 and g[1][1] > 0 and g[1][2] > 0 for g in got), got
+    assert all(g[1] and g[1][0] == 1 << 20 and g[1][1] > 0 and g[1][2] > 0 for g in got), got
     kept = got[0][1][2] < 0.9 * got[0][1][1]  # rank 0's times decide
     assert kept == (got[0][0] == ("gather",)), got
     assert {g[2] for g in got} == {"single-copy" if kept else "pipelined"}, got
@@ -41,9 +41,13 @@ def test_a_word_given_is_taken_without_a_probe(run_ranks):
     assert [g[:2] for g in run_ranks(2, probe_rank, env={"HBMCOLL_CMA": "gather"})] == [(("gather",), None)] * 2
 
 
-def test_the_probe_gathers_from_where_single_copy_starts(run_ranks):
-    got = run_ranks(2, probe_rank, env={"HBMCOLL_CMA_MIN": "512K"})
-    assert {g[1][0] for g in got} == {512 << 10}, got
+def test_the_probe_gathers_a_large_message(run_ranks):
+    """1 MiB a rank, or from where single copy starts if that is larger: what is kept holds for
+    large gathers, whatever HBMCOLL_CMA_MIN is."""
+    got = run_ranks(2, probe_rank, env={"HBMCOLL_CMA_MIN": "64K"})
+    assert {g[1][0] for g in got} == {1 << 20}, got
+    got = run_ranks(2, probe_rank, env={"HBMCOLL_CMA_MIN": "2M"})
+    assert {g[1][0] for g in got} == {2 << 20}, got
     # at most 4 MiB a rank is measured; from further up single copy stays without a probe
     got = run_ranks(2, probe_rank, env={"HBMCOLL_CMA_MIN": "8M"})
     assert [g[:2] for g in got] == [(("gather",), None)] * 2, got
