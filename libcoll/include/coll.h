@@ -256,7 +256,7 @@ int coll_comm_error(const coll_comm_t *comm, const char **text_p);
 /* Bit (1 << kind) for each of COLL_BCAST and COLL_GATHER whose large messages
  * copy straight between the ranks' own buffers (HBMCOLL_CMA asks for it, and
  * process_vm_readv/writev works between every pair of ranks; with "auto", the default, a
- * gather's where it measured faster at creation); 0 for none. */
+ * gather's unless staging measured faster at creation); 0 for none. */
 int coll_comm_single_copy(const coll_comm_t *comm);
 /* The size from which the chunks this rank stages for its peers are written with streaming
  * stores (HBMCOLL_STAGE_STREAM_MIN, or what the communicator measured when it was made:

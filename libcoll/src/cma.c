@@ -8,14 +8,15 @@
  * traffic of a large bcast and lets the senders of a gather write into the
  * root's output while the root copies its own part.
  *
- * Off unless HBMCOLL_CMA=1 (or =gather, =bcast: that one only; python -m
- * hbmcoll.tune measures which pays on the host). On the VMs first measured it lost to staging
+ * HBMCOLL_CMA=1 asks for it in bcast and gather (=gather, =bcast: that one only); "auto", the
+ * default, in gather unless a probe at creation finds staging faster (cma_probe.c); python -m
+ * hbmcoll.tune measures which pays on the host. On the VMs first measured it lost to staging
  * (bench/README.md, "Measurements behind the code"): the kernel pins and
  * maps every 4 KiB page of the peer, which costs more than the second copy
  * through cache-resident slots; only with the cores taken by other work
- * did it win (staging needs both ranks on a CPU at once). Bare-metal nodes,
- * where MPICH and Open MPI use it from 8 KiB, may differ: measure with
- * `make bench-c ARGS="-c bcast -s 16777216"` and HBMCOLL_CMA=0/1.
+ * did it win (staging needs both ranks on a CPU at once). On later VMs it won gathers from
+ * 256 KiB. Bare-metal nodes, where MPICH and Open MPI use it from 8 KiB, may differ: measure
+ * with `make bench-c ARGS="-c bcast -s 16777216"` and HBMCOLL_CMA=0/1.
  *
  * Whether it works is decided once per communicator, identically on every
  * rank: at creation each rank reads a probe word from every peer (the word's
@@ -24,7 +25,7 @@
  * ranks say yes. It fails, and staging stays, when ranks sit in different PID
  * namespaces (a pid would name another process), under Yama ptrace_scope >= 1
  * without a ptracer relationship, under a seccomp profile that refuses the
- * calls, or without HBMCOLL_CMA=1. Many readers of one process contend inside
+ * calls, or with HBMCOLL_CMA=0 on any rank. Many readers of one process contend inside
  * the kernel (page pinning; Chakraborty et al., Cluster 2017), so the
  * algorithms use it only up to COLL_CMA_MAX_RANKS ranks.
  */

@@ -7,8 +7,11 @@
  * hosts where it won at every size from 256 KiB). So where single copy works between every pair,
  * a new communicator times gathers of 1 MiB a rank (or HBMCOLL_CMA_MIN, if larger), staged and
  * single copy in turn, each batch timed to a barrier; rank 0 keeps single copy (from
- * HBMCOLL_CMA_MIN on) only if its best batch was clearly faster, and every rank takes rank 0's
- * answer. A few milliseconds on two ranks. Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
+ * HBMCOLL_CMA_MIN on) unless staging's best batch was clearly faster, and every rank takes rank
+ * 0's answer. A few milliseconds on two ranks. Near a tie single copy stays: it moves half the
+ * bytes, and the probe's buffers, used again and again, sit in cache as a large gather's rarely
+ * do, which flatters staging's second copy (bench/README.md has the times; where single copy
+ * lost, staging was 25% faster). Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
  * on a CPU at once where single copy does not, so there single copy stays without a probe.
  * bcast is not probed: its staged root returns while the receivers copy, which single copy
  * loses (python -m hbmcoll.tune measures it, and HBMCOLL_CMA=1 or =bcast asks for it).
@@ -24,9 +27,9 @@
 
 #define PROBE_MIN ((size_t)1 << 20) /* a large gather's time, whatever HBMCOLL_CMA_MIN says */
 #define PROBE_MAX ((size_t)4 << 20) /* above: not probed, the verdict stays (memory: P times it) */
-#define PROBE_CALLS 2
-#define PROBE_ROUNDS 3
-#define PROBE_MARGIN 0.9 /* single copy's best batch at most this share of the staged one's */
+#define PROBE_CALLS 4
+#define PROBE_ROUNDS 4
+#define PROBE_MARGIN 0.9 /* staging's best batch must be under this share of single copy's */
 
 static int probe_batch(coll_comm_t *c, const void *send, void *recv, size_t bytes, int single,
                        double *best) {
@@ -81,11 +84,13 @@ int coll__cma_probe(coll_comm_t *c) {
   int rc = probe_buffers(c, bytes, &send, &recv, &ok);
   double best[2] = {INFINITY, INFINITY};
   for (int r = 0; r < PROBE_ROUNDS && rc == 0 && ok; r++)
-    for (int single = 0; single < 2 && rc == 0; single++)
+    for (int k = 0; k < 2 && rc == 0; k++) { /* each first in turn: the first after a switch pays for it */
+      int single = (r + k) % 2;
       rc = probe_batch(c, send, recv, bytes, single, &best[single]);
+    }
   free(send);
   free(recv);
-  int64_t choice = ok && best[1] < PROBE_MARGIN * best[0]; /* no memory to measure: staged */
+  int64_t choice = ok && !(best[0] < PROBE_MARGIN * best[1]); /* no memory to measure: staged */
   c->cma = 0; /* the answer below travels staged either way */
   coll_args_t say = {.kind = COLL_BCAST, .dtype = COLL_INT64, .count = 1, .recv = &choice};
   coll_args_t barrier = {.kind = COLL_BARRIER}; /* the root of `say` learns of trouble here */

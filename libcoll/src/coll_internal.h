@@ -112,7 +112,7 @@ typedef struct {
   long spin_iters;          /* <0: automatic from cores vs ranks */
   int algo[COLL_KIND_COUNT]; /* forced algorithm id, 0 = auto */
   int cma;                  /* HBMCOLL_CMA: 0 none, 1 bcast and gather, 2 gather, 3 bcast,
-                             * COLL_CMA_AUTO gather where it measured faster */
+                             * COLL_CMA_AUTO gather unless staging measured faster */
   size_t cma_min;           /* bcast/gather: single copy from here (HBMCOLL_CMA_MIN) */
   size_t rep_movsb_min;     /* ordinary copies from here use rep movsb (stream_copy.c) */
   size_t stage_stream_min;  /* copies into a slot a peer reads use streaming stores from here */

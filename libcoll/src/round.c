@@ -104,22 +104,23 @@ int coll__meet_all(coll_comm_t *c, uint64_t t0) {
   return 0;
 }
 
-int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader) {
+/* src's len bytes into my slot of round t, or (inl) into my descriptor's payload, then published */
+static int post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader, int inl) {
   uint8_t *slot;
   int rc = coll__stage(c, t, &slot);
   if (rc) return rc;
-  if (len) coll__stage_copy(c, slot, src, len);
+  if (inl) memcpy(c->tp->desc(c, c->rank, c->seq)->payload, src, len);
+  else if (len) coll__stage_copy(c, slot, src, len);
   coll__publish_staged(c, t, reader, t);
   return 0;
 }
 
+int coll__post(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader) {
+  return post(c, t, src, len, reader, 0);
+}
+
 int coll__post_inline(coll_comm_t *c, uint64_t t, const void *src, size_t len, int reader) {
-  uint8_t *slot;
-  int rc = coll__stage(c, t, &slot);
-  if (rc) return rc;
-  memcpy(c->tp->desc(c, c->rank, c->seq)->payload, src, len);
-  coll__publish_staged(c, t, reader, t);
-  return 0;
+  return post(c, t, src, len, reader, 1);
 }
 
 int coll__wait_all(coll_comm_t *c, uint64_t t) {

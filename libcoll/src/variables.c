@@ -48,7 +48,7 @@ static const coll_variable_t variables[] = {
     V("ARENA_BYTES", "core", "shared arena per rank for `hbmcoll.empty` (virtual until used)", "1G"),
     V("CMA", "core", "`1`: large bcast and gather copy straight between the ranks' own buffers "
       "(`process_vm_readv`/`writev`) where the kernel allows it; `gather` or `bcast`: that one only; "
-      "`auto`: gather's where it measured faster when the communicator was made (`comm.single_copy_probe` "
+      "`auto`: gather's unless staging measured faster when the communicator was made (`comm.single_copy_probe` "
       "says); `0`: never; measured by the tune", "auto"),
     V("CMA_MIN", "core", "with `HBMCOLL_CMA` on, single copy from this many bytes; measured by the tune", "256K"),
     V("P2P_CELLS", "core", "point-to-point: 4 KiB cells per ordered pair of ranks (at least 2); a message of "

@@ -182,7 +182,7 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     def single_copy(self):
         """The collectives ("bcast", "gather") whose large messages copy straight between the
         ranks' own buffers, empty when none: asked for with HBMCOLL_CMA (1, gather, bcast; "auto",
-        the default, gather where it measured faster at creation; python -m hbmcoll.tune
+        the default, gather unless staging measured faster at creation; python -m hbmcoll.tune
         measures which pays on the host), and process_vm_readv/writev
         works between every pair (not across PID namespaces, nor where seccomp or Yama refuse
         it). Otherwise they stage through the shared segment."""

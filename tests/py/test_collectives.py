@@ -306,7 +306,7 @@ def single_copy_rank(comm):
 def test_single_copy_bcast_gather(run_ranks, cma, kinds):
     """With HBMCOLL_CMA=1 large bcast and gather copy straight between the ranks' own NumPy
     arrays (the kernel allows it here: same PID namespace, no seccomp or Yama refusal), with
-    =gather or =bcast that one only; by default they stage through the segment. All give the
+    =gather or =bcast that one only; with 0 they stage through the segment. All give the
     same results, in place included."""
     res = run_ranks(3, single_copy_rank, timeout=120, env={"HBMCOLL_CMA": cma})
     assert res == [[kinds]] * 3
