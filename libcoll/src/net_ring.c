@@ -19,6 +19,7 @@
  * chunk out of my receive slot t % 2 and send the left neighbour credit t. Notes can arrive
  * in any order, so the last few of each kind are kept by number.
  *
+ * Two members and a message of up to one slot (EXCHANGE_MAX): an exchange instead (ring_exchange).
  * Small allgathers (every call's meeting across nodes) take the eager path, net_eager.c.
  */
 #include <errno.h>
@@ -162,15 +163,15 @@ static int ring_post(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, dou
                          st->send_len ? st->send_len : 1, t, &r->sent[t & 1], err, errlen);
 }
 
-/* Take transfer t: wait for the left neighbour's note t, fold (dst = in op dst) or copy its
- * chunk out of receive slot t % 2, and give it the credit of t. */
+/* Take transfer t: wait for the left neighbour's note t, fold (dst = in op dst, or dst op in
+ * with mine_first) or copy its chunk out of receive slot t % 2, and give it the credit of t. */
 static int ring_take(coll__net_ring_t *r, uint32_t t, const ring_step_t *st, coll_dtype_t dtype,
-                     coll_op_t op, double timeout_s, char *err, size_t errlen) {
+                     coll_op_t op, int mine_first, double timeout_s, char *err, size_t errlen) {
   int rc = coll__net_ring_wait(r, RING_DATA, t, timeout_s, err, errlen);
   if (rc) return rc;
   const uint8_t *in = coll__net_pool(r->net) + ring_recv_off(r, t);
   if (st->reduce && st->recv_len) {
-    const void *inputs[2] = {in, st->dst};
+    const void *inputs[2] = {mine_first ? st->dst : in, mine_first ? in : st->dst};
     if ((rc = coll_reduce_local(dtype, op, st->dst, inputs, 2, st->recv_len / coll_dtype_size(dtype), 1)) != 0)
       return rc;
   } else if (st->recv_len) {
@@ -238,9 +239,38 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
      * straight from here, that write must have left first (at most two are in flight) */
     if (rc == 0 && r->direct && first == 0 && i >= K * (n - 1))
       rc = coll__net_ring_wait(r, RING_SENT, (uint32_t)(t - K * (n - 1)) & RING_NUM, timeout_s, err, errlen);
-    if (rc == 0) rc = ring_take(r, t, &st, dtype, op, timeout_s, err, errlen);
+    if (rc == 0) rc = ring_take(r, t, &st, dtype, op, 0, timeout_s, err, errlen);
     if (rc == 0 && !ahead && i + 1 < T) rc = ring_post(r, u, &next, timeout_s, err, errlen);
     st = next;
+  }
+  return rc ? rc : coll__net_flush(r->net, err, errlen);
+}
+
+/* Two members: each sends the other its whole message, chunk by chunk, and folds in what comes
+ * back (member 0's elements first, so both get the same bits). The same bytes cross the link
+ * as the ring's reduce-scatter and allgather move, in half the steps. A chunk is folded into
+ * buf only once my write of it left (it may be written straight from buf). */
+static int ring_exchange(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, uint8_t *b, size_t count,
+                         double timeout_s, char *err, size_t errlen) {
+  size_t es = coll_dtype_size(dtype), bytes = count * es, c = r->chunk / es * es;
+  size_t K = (bytes + c - 1) / c;
+  c = (bytes / es + K - 1) / K * es; /* chunks of one size */
+  coll__net_set_timeout(r->net, timeout_s);
+  uint32_t t0 = r->next;
+  r->next = (uint32_t)(t0 + K) & RING_NUM;
+  int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
+  for (size_t i = 0; rc == 0 && i <= K; i++) { /* post transfer i, then take transfer i - 1 */
+    if (i < K) {
+      ring_step_t st = {b + i * c, NULL, bytes - i * c < c ? bytes - i * c : c, 0, 0};
+      rc = ring_post(r, (uint32_t)(t0 + i) & RING_NUM, &st, timeout_s, err, errlen);
+    }
+    if (rc == 0 && i > 0) {
+      uint32_t t = (uint32_t)(t0 + i - 1) & RING_NUM;
+      size_t at = (i - 1) * c, len = bytes - at < c ? bytes - at : c;
+      ring_step_t st = {NULL, b + at, 0, len, 1};
+      if (r->direct) rc = coll__net_ring_wait(r, RING_SENT, t, timeout_s, err, errlen);
+      if (rc == 0) rc = ring_take(r, t, &st, dtype, op, r->me == 0, timeout_s, err, errlen);
+    }
   }
   return rc ? rc : coll__net_flush(r->net, err, errlen);
 }
@@ -249,6 +279,8 @@ int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t 
                              size_t count, double timeout_s, char *err, size_t errlen) {
   if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
   if (r->n == 1 || count == 0) return 0;
+  if (r->n == 2 && count * coll_dtype_size(dtype) <= EXCHANGE_MAX * r->chunk)
+    return ring_exchange(r, dtype, op, buf, count, timeout_s, err, errlen);
   return ring_run(r, dtype, op, buf, count, 0, 2, 0, timeout_s, err, errlen);
 }
 
@@ -286,7 +318,7 @@ int coll__net_ring_shift(coll__net_ring_t *r, int j, const void *src, void *dst,
     if (rc == 0 && i > 0) {
       size_t len = bytes - (i - 1) * r->chunk < r->chunk ? bytes - (i - 1) * r->chunk : r->chunk;
       ring_step_t st = {NULL, (uint8_t *)dst + (i - 1) * r->chunk, 0, len, 0};
-      rc = ring_take(r, (uint32_t)(t0 + i - 1) & RING_NUM, &st, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+      rc = ring_take(r, (uint32_t)(t0 + i - 1) & RING_NUM, &st, COLL_UINT8, COLL_SUM, 0, timeout_s, err, errlen);
     }
   }
   if (rc == 0) rc = coll__net_flush(r->net, err, errlen);
@@ -313,10 +345,10 @@ int coll__net_ring_bcast(coll__net_ring_t *r, int root, void *buf, size_t bytes,
     uint32_t t = (uint32_t)(t0 + i) & RING_NUM;
     size_t at = i * c, len = i < K ? (bytes - at < c ? bytes - at : c) : 0;
     ring_step_t st = {b + at, b + at, last ? 0 : len, len, 0}, note = {NULL, NULL, 0, 0, 0};
-    if (pos > 0 && i < K) rc = ring_take(r, t, &st, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+    if (pos > 0 && i < K) rc = ring_take(r, t, &st, COLL_UINT8, COLL_SUM, 0, timeout_s, err, errlen);
     if (rc == 0 && i < K) rc = ring_post(r, t, &st, timeout_s, err, errlen);
     if (rc == 0 && pos == 0 && i > 0)
-      rc = ring_take(r, (t - 1) & RING_NUM, &note, COLL_UINT8, COLL_SUM, timeout_s, err, errlen);
+      rc = ring_take(r, (t - 1) & RING_NUM, &note, COLL_UINT8, COLL_SUM, 0, timeout_s, err, errlen);
   }
   return rc ? rc : coll__net_flush(r->net, err, errlen);
 }

@@ -4,7 +4,8 @@
  * (tests/c/netns.h), tcp;ofi_rxm over the veths, cards swapped through the parent.
  *
  *  - 2 and 3 nodes; float32, int32, float64 and bfloat16; SUM, PROD, MIN, MAX; counts 0,
- *    1, n - 1, n*k + 1 and 3 MiB (more than one slot per segment, so chunks pipeline);
+ *    1, n - 1, n*k + 1 and 3 MiB (more than one slot per segment, so chunks pipeline; with 2
+ *    nodes the counts up to a slot take the exchange, 3 MiB the ring);
  *    results against a reference computed from every member's input;
  *  - every member ends with the same bits, also for sums of floats that are not exact
  *    (each member reports a checksum of its result, the parent compares them);
