@@ -71,11 +71,15 @@ static int gather_eager(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
  * output's address at t0 and, once it has compared every descriptor, says
  * "go" at t0+1; each other rank then writes its part straight into the
  * root's output with process_vm_writev while the root copies its own part,
- * and the root returns when all have written (`done` at t0+1). */
+ * and the root returns when all have written (`done` at t0+1). An output in
+ * the arena is published as its offset instead, and written with plain copies. */
 static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbytes) {
   int root = a->root, me = c->rank, rc;
-  uint64_t t0 = coll__round_begin(c, a, GA_SINGLE_COPY, 0, me == root ? (uintptr_t)a->recv : 0);
-  coll__round_single_copy(c);
+  /* an output in the shared arena needs no kernel: the others copy into it as memory */
+  uint64_t zoff = me == root ? coll__arena_offset(c, a->recv, nbytes * (size_t)c->size) : 0;
+  uint64_t t0 = coll__round_begin(c, a, GA_SINGLE_COPY, 0, me == root ? (zoff ? zoff : (uintptr_t)a->recv) : 0);
+  if (!zoff) coll__round_single_copy(c);
+  else c->algorithm = "arena";
   coll__publish(c, t0);
   coll__round_end(c, t0 + 1);
   if (me == root) {
@@ -88,8 +92,10 @@ static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbyte
   }
   if ((rc = coll__meet(c, root, t0)) != 0 || (rc = coll__wait(c, root, t0 + 1)) != 0)
     return rc;
-  uint64_t dst = coll__peer_desc(c, root)->recv_off + (uint64_t)me * nbytes;
-  if ((rc = coll__peer_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
+  const coll__desc_t *d = coll__peer_desc(c, root);
+  uint64_t dst = d->recv_off + (uint64_t)me * nbytes;
+  if (!d->single_copy) c->algorithm = "arena", coll__copy(c, coll__shared(c, dst), a->send, nbytes, 0);
+  else if ((rc = coll__peer_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
   coll__finish(c, t0 + 1);
   return 0;
 }

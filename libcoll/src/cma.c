@@ -20,8 +20,8 @@
  *
  * Whether it works is decided once per communicator, identically on every
  * rank: at creation each rank reads a probe word from every peer (the word's
- * address and value are in the peer's control line) and says whether all
- * reads gave the right value; the communicator uses single copy only if all
+ * address and value are in the peer's control line), writes the same value
+ * back, and says whether all reads gave the right value and all writes went; the communicator uses single copy only if all
  * ranks say yes. It fails, and staging stays, when ranks sit in different PID
  * namespaces (a pid would name another process), under Yama ptrace_scope >= 1
  * without a ptracer relationship, under a seccomp profile that refuses the
@@ -64,9 +64,24 @@ int coll__cma_reads_peers(const coll_comm_t *c) {
   return 1;
 }
 
+/* Whether this rank can also write every peer (a gather's senders write the root's output): each
+ * probe word is written back with the value it holds, so a peer reading it meanwhile sees no
+ * change. A policy may allow one call and refuse the other. */
+static int cma_writes_peers(const coll_comm_t *c) {
+  for (int q = 0; q < c->size; q++) {
+    if (q == c->rank) continue;
+    const coll__ctl_t *peer = &c->ctl[q];
+    uint64_t same = peer->cma_value;
+    struct iovec local = {&same, sizeof same};
+    struct iovec remote = {(void *)(uintptr_t)peer->cma_addr, sizeof same};
+    if (process_vm_writev(peer->pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof same) return 0;
+  }
+  return 1;
+}
+
 /* After a barrier that follows every rank's coll__cma_publish_probe. */
 void coll__cma_check_peers(coll_comm_t *c) {
-  int ok = c->params.cma && c->size <= COLL_CMA_MAX_RANKS && coll__cma_reads_peers(c);
+  int ok = c->params.cma && c->size <= COLL_CMA_MAX_RANKS && coll__cma_reads_peers(c) && cma_writes_peers(c);
   c->ctl[c->rank].cma_ok = ok ? 1 : 2;
 }
 

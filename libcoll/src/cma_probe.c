@@ -73,8 +73,10 @@ size_t coll_comm_single_copy_probe(const coll_comm_t *c, double times_s[2]) {
 
 int coll__cma_probe(coll_comm_t *c) {
   if (!c->hdr->cma_auto || !c->cma) return 0; /* the verdict is the same on every rank */
-  if (c->parent) { /* a split's ranks are on the parent's cores: its answer holds */
+  if (c->parent && c->parent->cma_probe_bytes) { /* a split's ranks are on the parent's cores */
     c->cma = c->parent->cma;
+    c->cma_probe_bytes = c->parent->cma_probe_bytes;
+    memcpy(c->cma_probe_s, c->parent->cma_probe_s, sizeof c->cma_probe_s);
     return 0;
   }
   size_t bytes = probe_bytes(c);
@@ -90,16 +92,17 @@ int coll__cma_probe(coll_comm_t *c) {
     }
   free(send);
   free(recv);
-  int64_t choice = ok && !(best[0] < PROBE_MARGIN * best[1]); /* no memory to measure: staged */
-  c->cma = 0; /* the answer below travels staged either way */
-  coll_args_t say = {.kind = COLL_BCAST, .dtype = COLL_INT64, .count = 1, .recv = &choice};
+  /* rank 0's choice and times for all (no memory to measure: staged) */
+  double said[3] = {ok && !(best[0] < PROBE_MARGIN * best[1]), best[0], best[1]};
+  c->cma = 0; /* said travels staged */
+  coll_args_t say = {.kind = COLL_BCAST, .dtype = COLL_FLOAT64, .count = 3, .recv = said};
   coll_args_t barrier = {.kind = COLL_BARRIER}; /* the root of `say` learns of trouble here */
   if (rc == 0) rc = coll__execute(c, &say);
   if (rc == 0) rc = coll__execute(c, &barrier);
-  c->cma = rc == 0 && choice == 1;
+  c->cma = rc == 0 && said[0] == 1;
   int measured = rc == 0 && ok;
   c->cma_probe_bytes = measured ? bytes : 0;
-  c->cma_probe_s[0] = measured ? best[0] : 0;
-  c->cma_probe_s[1] = measured ? best[1] : 0;
+  c->cma_probe_s[0] = measured ? said[1] : 0;
+  c->cma_probe_s[1] = measured ? said[2] : 0;
   return rc;
 }

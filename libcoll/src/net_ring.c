@@ -19,7 +19,7 @@
  * chunk out of my receive slot t % 2 and send the left neighbour credit t. Notes can arrive
  * in any order, so the last few of each kind are kept by number.
  *
- * Two members and a message of up to one slot (EXCHANGE_MAX): an exchange instead (ring_exchange).
+ * Two members and a message of up to one slot: an exchange instead (ring_exchange).
  * Small allgathers (every call's meeting across nodes) take the eager path, net_eager.c.
  */
 #include <errno.h>
@@ -246,41 +246,36 @@ static int ring_run(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void 
   return rc ? rc : coll__net_flush(r->net, err, errlen);
 }
 
-/* Two members: each sends the other its whole message, chunk by chunk, and folds in what comes
- * back (member 0's elements first, so both get the same bits). The same bytes cross the link
- * as the ring's reduce-scatter and allgather move, in half the steps. A chunk is folded into
- * buf only once my write of it left (it may be written straight from buf). */
+/* Two members and a message of up to one slot: each sends the other its whole message and folds
+ * in what comes back, member 0's elements first. The same bytes cross the link as the ring's
+ * reduce-scatter and allgather move, in one step instead of two. Both members compute the same
+ * IEEE operations on the same inputs, so they get the same bits as long as both run the same
+ * code with the default floating-point mode (as the ranks of a node do); float16 and bfloat16,
+ * whose kernels depend on the CPU's features, keep the ring, where one member computes each
+ * element. The fold waits until my write left (it may be written straight from buf). */
 static int ring_exchange(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, uint8_t *b, size_t count,
                          double timeout_s, char *err, size_t errlen) {
-  size_t es = coll_dtype_size(dtype), bytes = count * es, c = r->chunk / es * es;
-  size_t K = (bytes + c - 1) / c;
-  c = (bytes / es + K - 1) / K * es; /* chunks of one size */
+  size_t bytes = count * coll_dtype_size(dtype);
   coll__net_set_timeout(r->net, timeout_s);
-  uint32_t t0 = r->next;
-  r->next = (uint32_t)(t0 + K) & RING_NUM;
-  int rc = ring_neighbours(r, t0, timeout_s, err, errlen);
-  for (size_t i = 0; rc == 0 && i <= K; i++) { /* post transfer i, then take transfer i - 1 */
-    if (i < K) {
-      ring_step_t st = {b + i * c, NULL, bytes - i * c < c ? bytes - i * c : c, 0, 0};
-      rc = ring_post(r, (uint32_t)(t0 + i) & RING_NUM, &st, timeout_s, err, errlen);
-    }
-    if (rc == 0 && i > 0) {
-      uint32_t t = (uint32_t)(t0 + i - 1) & RING_NUM;
-      size_t at = (i - 1) * c, len = bytes - at < c ? bytes - at : c;
-      ring_step_t st = {NULL, b + at, 0, len, 1};
-      if (r->direct) rc = coll__net_ring_wait(r, RING_SENT, t, timeout_s, err, errlen);
-      if (rc == 0) rc = ring_take(r, t, &st, dtype, op, r->me == 0, timeout_s, err, errlen);
-    }
-  }
+  uint32_t t = r->next;
+  r->next = (t + 1) & RING_NUM;
+  ring_step_t out = {b, NULL, bytes, 0, 0}, in = {NULL, b, 0, bytes, 1};
+  int rc = ring_neighbours(r, t, timeout_s, err, errlen);
+  if (rc == 0) rc = ring_post(r, t, &out, timeout_s, err, errlen);
+  if (rc == 0 && r->direct) rc = coll__net_ring_wait(r, RING_SENT, t, timeout_s, err, errlen);
+  if (rc == 0) rc = ring_take(r, t, &in, dtype, op, r->me == 0, timeout_s, err, errlen);
   return rc ? rc : coll__net_flush(r->net, err, errlen);
+}
+
+static int ring_exchanges(const coll__net_ring_t *r, coll_dtype_t dtype, size_t count) {
+  return r->n == 2 && dtype != COLL_FLOAT16 && dtype != COLL_BFLOAT16 && count <= r->chunk / coll_dtype_size(dtype);
 }
 
 int coll__net_ring_allreduce(coll__net_ring_t *r, coll_dtype_t dtype, coll_op_t op, void *buf,
                              size_t count, double timeout_s, char *err, size_t errlen) {
   if (coll_dtype_size(dtype) == 0 || op == COLL_AVG || (count && buf == NULL)) return COLL_EBADARG;
   if (r->n == 1 || count == 0) return 0;
-  if (r->n == 2 && count * coll_dtype_size(dtype) <= EXCHANGE_MAX * r->chunk)
-    return ring_exchange(r, dtype, op, buf, count, timeout_s, err, errlen);
+  if (ring_exchanges(r, dtype, count)) return ring_exchange(r, dtype, op, buf, count, timeout_s, err, errlen);
   return ring_run(r, dtype, op, buf, count, 0, 2, 0, timeout_s, err, errlen);
 }
 

@@ -34,7 +34,9 @@ size_t coll__net_ring_slot_bytes(const coll__net_ring_t *ring);
 /* In place, on every member at once: buf[0..count) becomes op over the members' buffers
  * (reduce-scatter then allgather around the ring, so each element is reduced by one member
  * and every member gets the same bits; with 2 members and up to one slot, an exchange: each
- * sends the other its whole message and folds in member order, one step instead of two). op: SUM, PROD, MIN, MAX (AVG is the caller's sum
+ * sends the other its whole message and folds in member order, one step instead of two; the
+ * same bits where both run the same code in the default floating-point mode, float16 and
+ * bfloat16 excepted, which keep the ring). op: SUM, PROD, MIN, MAX (AVG is the caller's sum
  * and division). timeout_s > 0 bounds each wait for a neighbour. Returns 0, COLL_EBADARG,
  * -ETIMEDOUT, or the bridge's failure; err says which neighbour and what happened. */
 int coll__net_ring_allreduce(coll__net_ring_t *ring, coll_dtype_t dtype, coll_op_t op, void *buf,

@@ -192,7 +192,8 @@ class Communicator(ObjectCollectives, VariableCollectives, CPointToPoint):
     @property
     def single_copy_probe(self):
         """What the communicator measured when it was made, with HBMCOLL_CMA=auto (the default):
-        {"bytes": what each rank gathered, "us": (staged, single copy) best batches}, or None
+        {"bytes": what each rank gathered, "us": rank 0's (staged, single copy) best batches, which
+        decided for all}, or None
         without a probe (single copy does not work here, another HBMCOLL_CMA word, or fewer
         CPUs than ranks, where single copy stays). `single_copy` says what was kept."""
         nbytes, staged, single = self._c.single_copy_probe

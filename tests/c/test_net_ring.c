@@ -4,8 +4,9 @@
  * (tests/c/netns.h), tcp;ofi_rxm over the veths, cards swapped through the parent.
  *
  *  - 2 and 3 nodes; float32, int32, float64 and bfloat16; SUM, PROD, MIN, MAX; counts 0,
- *    1, n - 1, n*k + 1 and 3 MiB (more than one slot per segment, so chunks pipeline; with 2
- *    nodes the counts up to a slot take the exchange, 3 MiB the ring);
+ *    1, n - 1, n*k + 1, a slot's worth and one more, and 3 MiB (more than one slot per
+ *    segment, so chunks pipeline; with 2 nodes the counts up to a slot take the exchange,
+ *    bfloat16 and the larger counts the ring); MAX also over +0, -0 and NaN;
  *    results against a reference computed from every member's input;
  *  - every member ends with the same bits, also for sums of floats that are not exact
  *    (each member reports a checksum of its result, the parent compares them);
@@ -52,9 +53,15 @@ static const ring_kind_t kinds[] = {
 };
 
 /* Member m's element i, as a double: small integers (exact in every dtype here, and for
- * PROD near 1) so the reference is exact; `inexact` adds fractions that no sum keeps. */
+ * PROD near 1) so the reference is exact; `inexact` adds fractions that no sum keeps, and for
+ * MIN and MAX mixes +0, -0 and NaN between the members (which one a fold keeps is a matter of
+ * order: every member must still end with the same bits). */
 static double input(int m, size_t i, coll_op_t op, int inexact) {
   if (op == COLL_PROD) return (i + (size_t)m) % 3 == 0 ? 2.0 : 1.0;
+  if (inexact && (op == COLL_MIN || op == COLL_MAX)) {
+    size_t k = (i + (size_t)m) % 4;
+    return k == 0 ? 0.0 : k == 1 ? -0.0 : k == 2 && i % 5 == 0 ? NAN : (double)(i % 7);
+  }
   double v = (double)((i * 7 + (size_t)m * 13) % 61) - 30.0;
   return inexact ? v / 3.0 + 1e-7 * (double)m : v;
 }
@@ -85,9 +92,12 @@ static double fold(coll_op_t op, double a, double b) {
   return op == COLL_SUM ? a + b : op == COLL_PROD ? a * b : op == COLL_MIN ? fmin(a, b) : fmax(a, b);
 }
 
-#define NCOUNTS 5
-/* Cases of a kind: every count, twice for float32 SUM (exact inputs, then inexact ones). */
-static int kind_runs(const ring_kind_t *k) { return k->dtype == COLL_FLOAT32 && k->op == COLL_SUM ? 2 : 1; }
+#define NCOUNTS 7
+/* Cases of a kind: every count, twice for float32 SUM and float64 MAX (exact inputs, then
+ * inexact ones). */
+static int kind_runs(const ring_kind_t *k) {
+  return (k->dtype == COLL_FLOAT32 && k->op == COLL_SUM) || (k->dtype == COLL_FLOAT64 && k->op == COLL_MAX) ? 2 : 1;
+}
 
 static int total_cases(void) {
   int total = 0;
@@ -226,14 +236,17 @@ static int member(const members_t *ms, int me, int fd) {
   coll__net_ring_t *ring = NULL;
   int rc = join(me, n, fd, ms->ns, POOL, &net, &ring);
   if (rc) return rc;
-  size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20};
+  /* the last two: a slot's worth of the dtype and one more (2 members: the exchange's largest
+   * message, then the ring) */
+  size_t counts[NCOUNTS] = {0, 1, (size_t)n - 1, (size_t)n * 1000 + 1, 3u << 20, 0, 0};
   int bad = 0;
   for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
     for (size_t c = 0; c < NCOUNTS; c++) {
       for (int inexact = 0; inexact < kind_runs(&kinds[k]); inexact++) {
         coll_dtype_t t = kinds[k].dtype;
         coll_op_t op = kinds[k].op;
-        size_t cnt = counts[c], es = coll_dtype_size(t);
+        size_t es = coll_dtype_size(t), slot = coll__net_ring_slot_bytes(ring) / es;
+        size_t cnt = c < 5 ? counts[c] : slot + (c - 5);
         uint8_t *buf = malloc(cnt * es + 1);
         for (size_t i = 0; i < cnt; i++) store(t, buf, i, input(me, i, op, inexact));
         rc = coll__net_ring_allreduce(ring, t, op, buf, cnt, 60, err, sizeof err);

@@ -115,6 +115,10 @@ def _worker(rounds):
             colls = got[f"HBMCOLL_CMA={os.environ['HBMCOLL_CMA']}"]["single"]
             if not colls:  # no single copy here: its threshold changes nothing
                 continue
+            chosen = os.environ["HBMCOLL_CMA"]
+            # measured with the word auto's probe gave (it probes again at every init, and a
+            # flip between candidates would be scored as the threshold's doing)
+            os.environ["HBMCOLL_CMA"] = {("gather",): "gather", ("bcast",): "bcast"}.get(tuple(colls), "1")
         for value in values:
             os.environ[var] = value
             comm = init()
@@ -122,6 +126,8 @@ def _worker(rounds):
             if var == "HBMCOLL_CMA":
                 got[f"{var}={value}"].update(works=bool(comm.single_copy), single=list(comm.single_copy))
             comm.close()
+        if var == "HBMCOLL_CMA_MIN":
+            os.environ["HBMCOLL_CMA"] = chosen
         # the next variables are measured with this choice (every rank has the same slowest-rank
         # times, so every rank chooses alike)
         os.environ[var] = _choose_one(var, {v: got[f"{var}={v}"] for v in values})[0]
