@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include "coll_internal.h"
-#include "core_share.h"
 #include "round.h"
 
 #define PROBE_MIN ((size_t)1 << 20) /* a large gather's time, whatever HBMCOLL_CMA_MIN says */
@@ -35,14 +34,7 @@ static int probe_batch(coll_comm_t *c, const void *send, void *recv, size_t byte
                        double *best) {
   c->cma = single;
   coll_args_t gather = {.kind = COLL_GATHER, .dtype = COLL_UINT8, .count = bytes, .send = send, .recv = recv};
-  coll_args_t barrier = {.kind = COLL_BARRIER};
-  double t0 = coll__core_now();
-  int rc = 0;
-  for (int i = 0; i < PROBE_CALLS && rc == 0; i++) rc = coll__execute(c, &gather);
-  if (rc == 0) rc = coll__execute(c, &barrier);
-  double t = coll__core_now() - t0;
-  if (t < *best) *best = t;
-  return rc;
+  return coll__probe_batch(c, &gather, PROBE_CALLS, best);
 }
 
 /* The size a probe gathers per rank: large, from where single copy would start, past the eager

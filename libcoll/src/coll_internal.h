@@ -264,6 +264,8 @@ void coll__stream_fence(void);
 void coll__stage_copy(const coll_comm_t *c, void *slot, const void *src, size_t n);
 /* At creation: measure whether staging copies should stream (stage_probe.c); collective. */
 int coll__stage_probe(coll_comm_t *c);
+/* The creation probes' timing: `calls` runs of a, then a barrier; the least time so far in *best. */
+int coll__probe_batch(coll_comm_t *c, const coll_args_t *a, int calls, double *best);
 /* At creation, after the single-copy verdict (cma_probe.c): with HBMCOLL_CMA=auto, whether a
  * gather's single copy stays on; collective (every rank, or none: the header says). */
 int coll__cma_probe(coll_comm_t *c);

@@ -27,17 +27,21 @@
 #define PROBE_ROUNDS 3
 #define PROBE_MARGIN 0.9 /* streaming's best batch at most this share of the ordinary one's */
 
-static int probe_batch(coll_comm_t *c, void *buf, int stream, double *best) {
-  c->params.stage_stream_min = stream ? PROBE_BYTES : SIZE_MAX; /* only the root's copies count */
-  coll_args_t bcast = {.kind = COLL_BCAST, .dtype = COLL_UINT8, .count = PROBE_BYTES, .recv = buf};
+int coll__probe_batch(coll_comm_t *c, const coll_args_t *a, int calls, double *best) {
   coll_args_t barrier = {.kind = COLL_BARRIER};
   double t0 = coll__core_now();
   int rc = 0;
-  for (int i = 0; i < PROBE_CALLS && rc == 0; i++) rc = coll__execute(c, &bcast);
+  for (int i = 0; i < calls && rc == 0; i++) rc = coll__execute(c, a);
   if (rc == 0) rc = coll__execute(c, &barrier);
   double t = coll__core_now() - t0;
   if (t < *best) *best = t;
   return rc;
+}
+
+static int probe_batch(coll_comm_t *c, void *buf, int stream, double *best) {
+  c->params.stage_stream_min = stream ? PROBE_BYTES : SIZE_MAX; /* only the root's copies count */
+  coll_args_t bcast = {.kind = COLL_BCAST, .dtype = COLL_UINT8, .count = PROBE_BYTES, .recv = buf};
+  return coll__probe_batch(c, &bcast, PROBE_CALLS, best);
 }
 
 /* Whether a probe would measure anything, from what every rank sees alike (rank 0's
