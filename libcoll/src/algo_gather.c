@@ -94,8 +94,12 @@ static int gather_single_copy(coll_comm_t *c, const coll_args_t *a, size_t nbyte
     return rc;
   const coll__desc_t *d = coll__peer_desc(c, root);
   uint64_t dst = d->recv_off + (uint64_t)me * nbytes;
-  if (!d->single_copy) c->algorithm = "arena", coll__copy(c, coll__shared(c, dst), a->send, nbytes, 0);
-  else if ((rc = coll__peer_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) return rc;
+  if (!d->single_copy) {
+    c->algorithm = "arena";
+    coll__copy(c, coll__shared(c, dst), a->send, nbytes, 0);
+  } else if ((rc = coll__peer_copy(c, root, (void *)a->send, dst, nbytes, 1)) != 0) {
+    return rc;
+  }
   coll__finish(c, t0 + 1);
   return 0;
 }

@@ -21,12 +21,12 @@
  * Whether it works is decided once per communicator, identically on every
  * rank: at creation each rank reads a probe word from every peer (the word's
  * address and value are in the peer's control line), writes the same value
- * back, and says whether all reads gave the right value and all writes went; the communicator uses single copy only if all
- * ranks say yes. It fails, and staging stays, when ranks sit in different PID
+ * back, and says whether all reads gave the right value and all writes went;
+ * the communicator uses single copy only if all ranks say yes. It fails, and staging stays, when ranks sit in different PID
  * namespaces (a pid would name another process), under Yama ptrace_scope >= 1
  * without a ptracer relationship, under a seccomp profile that refuses the
- * calls, or with HBMCOLL_CMA=0 on any rank. Many readers of one process contend inside
- * the kernel (page pinning; Chakraborty et al., Cluster 2017), so the
+ * calls, or with HBMCOLL_CMA=0 on any rank. Many readers of one process contend
+ * inside the kernel (page pinning; Chakraborty et al., Cluster 2017), so the
  * algorithms use it only up to COLL_CMA_MAX_RANKS ranks.
  */
 #include <errno.h>

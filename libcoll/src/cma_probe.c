@@ -11,8 +11,9 @@
  * 0's answer. A few milliseconds on two ranks. Near a tie single copy stays: it moves half the
  * bytes, and the probe's buffers, used again and again, sit in cache as a large gather's rarely
  * do, which flatters staging's second copy (bench/README.md has the times; where single copy
- * lost, staging was 25% faster). Without a CPU per rank the times would be the scheduler's, and staging needs both ranks
- * on a CPU at once where single copy does not, so there single copy stays without a probe.
+ * lost, staging was 25% faster). Without a CPU per rank the times would be the scheduler's,
+ * and staging needs both ranks on a CPU at once where single copy does not, so there single
+ * copy stays without a probe.
  * bcast is not probed: its staged root returns while the receivers copy, which single copy
  * loses (python -m hbmcoll.tune measures it, and HBMCOLL_CMA=1 or =bcast asks for it).
  */
