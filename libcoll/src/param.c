@@ -27,7 +27,7 @@
  *                        turns it off)
  *   HBMCOLL_CMA          1: single copy between private buffers where the kernel allows it,
  *                        for large bcast and gather; "gather" or "bcast": for that one only;
- *                        "auto" (the default): gather where the communicator measured it
+ *                        "auto" (the default): gather unless staging measured clearly
  *                        faster at creation (cma_probe.c); 0: never (python -m hbmcoll.tune
  *                        measures which pays; the creating rank's word holds for all, if every
  *                        rank allows it)

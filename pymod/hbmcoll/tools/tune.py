@@ -18,7 +18,7 @@ each with the choices before it applied (the push thresholds depend on each othe
 - HBMCOLL_CMA: single copy between private buffers for large bcast, gather, both or neither,
   where the kernel allows it (a container may not): it can win for gather and lose for bcast
   on the same host, as a bcast's staged root returns while the receivers copy; "auto" (the
-  default: gather's single copy where a probe at creation found it faster) is scored by the
+  default: gather's single copy unless a probe at creation found staging faster) is scored by the
   paths its probe chose;
 - HBMCOLL_CMA_MIN: from which size those collectives copy once (measured on them only);
 - HBMCOLL_SLOT_BYTES: the chunk a pipelined collective moves per round (staging per rank);
