@@ -4,7 +4,7 @@
  *
  * The meeting. Each rank writes a block of one fixed size whatever the call: a head (its
  * descriptor: collective, dtype, count, op, root; a hint of node 0's local rank 0) and up to
- * COLL__HIER_SMALL bytes of data. The node's ranks allgather their blocks over shared memory;
+ * `ride` bytes of data (hier.h). The node's ranks allgather their blocks over shared memory;
  * each of them checks the node's heads and makes the node's block (the first head, "agrees"
  * cleared where the node's ranks differ, and the node's data: its ranks' folded, or one rank's);
  * every ring allgathers the node blocks between the nodes (ceil(log2 nodes) steps), and ranks
@@ -34,10 +34,19 @@ typedef struct {
 } hier_head_t;
 #define HIER_HEAD sizeof(hier_head_t)
 #define HIER_SAME offsetof(hier_head_t, kind) /* heads agree from here on */
-#define HIER_BLOCK (HIER_HEAD + COLL__HIER_SMALL)
 _Static_assert(HIER_HEAD == 32, "a head of 32 bytes");
 
-size_t coll__hier_stride(void) { return HIER_BLOCK; }
+/* The data that rides in a meeting block. Two nodes of one rank each move only a call's own bytes
+ * (no node stage, and the one step between them sends just the head and the data), so there the
+ * blocks may be as large as the ring's eager path takes; elsewhere every rank's block crosses
+ * whole in the node and in all but the last step between nodes, so it stays small. Every rank
+ * computes the same: the layout and the pools' size (the ring's slots depend on it too) agree. */
+static size_t hier_ride(const coll__hier_t *h) {
+  if (h->cfg.nodes != 2 || h->widest != 1) return COLL__HIER_SMALL;
+  size_t most = coll__net_ring_eager_block(h->cfg.ring);
+  most = most > HIER_HEAD + COLL__HIER_RIDE_2 ? COLL__HIER_RIDE_2 : (most - HIER_HEAD) & ~(size_t)63;
+  return most > COLL__HIER_SMALL ? most : COLL__HIER_SMALL;
+}
 int coll__hier_rank(const coll__hier_t *h) { return h ? h->rank : -1; }
 const char *coll__hier_algorithm(const coll__hier_t *h) { return h && h->algorithm ? h->algorithm : ""; }
 
@@ -88,15 +97,21 @@ int coll__hier_make(const coll__hier_config_t *cfg, coll__hier_t **h_p, char *er
     rc = hier_layout(h, err, errlen);
   }
   if (rc == 0) {
+    int carries = cfg->nodes > 1 && coll_comm_rank(cfg->local) < cfg->rings;
+    if (carries != (cfg->ring != NULL) || (cfg->ring && coll__net_ring_members(cfg->ring) != cfg->nodes))
+      rc = hier_bad(err, errlen, "a ring where the rank carries none, or none where it does");
+  }
+  if (rc == 0) {
     h->local_rank = coll_comm_rank(cfg->local), h->local_size = coll_comm_size(cfg->local);
+    h->ride = hier_ride(h), h->stride = HIER_HEAD + h->ride;
     h->fixed_chunks = cfg->local->params.pipeline_chunks; /* read where the node's ranks read theirs */
     h->sliced = h->even && cfg->rings > 1;
     int most = h->local_size > cfg->nodes ? h->local_size : cfg->nodes;
     h->rank_at = malloc((size_t)cfg->nodes * (size_t)h->widest * sizeof(int));
     h->inputs = malloc((size_t)most * sizeof *h->inputs);
-    h->block = calloc(1, HIER_BLOCK);
-    h->rows = calloc((size_t)h->local_size, HIER_BLOCK);
-    h->blocks = calloc((size_t)cfg->nodes, HIER_BLOCK);
+    h->block = calloc(1, h->stride);
+    h->rows = calloc((size_t)h->local_size, h->stride);
+    h->blocks = calloc((size_t)cfg->nodes, h->stride);
     if (!h->rank_at || !h->inputs || !h->block || !h->rows || !h->blocks) rc = -ENOMEM;
   }
   if (rc == 0) {
@@ -105,9 +120,6 @@ int coll__hier_make(const coll__hier_config_t *cfg, coll__hier_t **h_p, char *er
     h->rank = h->rank_at[cfg->node * h->widest + h->local_rank];
     h->rank_is_node = h->widest == 1;
     for (int r = 0; h->rank_is_node && r < cfg->size; r++) h->rank_is_node = h->node_of[r] == r;
-    int carries = cfg->nodes > 1 && h->local_rank < cfg->rings;
-    if (carries != (cfg->ring != NULL) || (cfg->ring && coll__net_ring_members(cfg->ring) != cfg->nodes))
-      rc = hier_bad(err, errlen, "a ring where the rank carries none, or none where it does");
   }
   if (rc != 0) {
     coll__hier_free(h);
@@ -161,7 +173,7 @@ static int hier_verdict(coll__hier_t *h, const hier_head_t *mine, char *err, siz
   char me[160], them[160];
   hier_describe(mine, me, sizeof me);
   for (int k = 0; k < h->cfg.nodes; k++) {
-    const uint8_t *b = h->blocks + (size_t)k * HIER_BLOCK;
+    const uint8_t *b = h->blocks + (size_t)k * h->stride;
     const hier_head_t *hd = (const hier_head_t *)b;
     if (!hd->agrees) {
       snprintf(err, errlen, "ranks disagree on the arguments of %s: the ranks of node %d call different ones (this "
@@ -180,13 +192,14 @@ static int hier_verdict(coll__hier_t *h, const hier_head_t *mine, char *err, siz
   return 0;
 }
 
-/* The node's data part: its ranks' data folded in local rank order, or one rank's. */
-static int hier_node_part(coll__hier_t *h, const coll_args_t *a, const uint8_t *rows, size_t len,
+/* The node's data part: its ranks' data folded in local rank order, or one rank's. Local rank
+ * l's data is in its row of the node's allgather, or, alone on the node, `data` itself. */
+static int hier_node_part(coll__hier_t *h, const coll_args_t *a, const uint8_t *rows, const void *data, size_t len,
                           coll__hier_part_t part, int pick, uint8_t *into) {
-  if (part == HIER_PART_PICK) {
-    memcpy(into, rows + (size_t)pick * HIER_BLOCK + HIER_HEAD, len);
+  for (int l = 0; l < h->local_size; l++) h->inputs[l] = h->local_size > 1 ? rows + (size_t)l * h->stride + HIER_HEAD : data;
+  if (part == HIER_PART_PICK && h->inputs[pick] != NULL) {
+    memcpy(into, h->inputs[pick], len);
   } else if (part == HIER_PART_FOLD) {
-    for (int l = 0; l < h->local_size; l++) h->inputs[l] = rows + (size_t)l * HIER_BLOCK + HIER_HEAD;
     coll_op_t op = a->op == COLL_AVG ? COLL_SUM : a->op;
     return coll_reduce_local(a->dtype, op, into, h->inputs, (size_t)h->local_size, a->count, 1);
   }
@@ -196,34 +209,35 @@ static int hier_node_part(coll__hier_t *h, const coll_args_t *a, const uint8_t *
 int coll__hier_meet(coll__hier_t *h, const coll_args_t *a, const void *data, size_t len,
                     coll__hier_part_t part, int pick, uint8_t hint, const uint8_t **parts_p, char *err,
                     size_t errlen) {
+  if (len > h->ride) return COLL_EBADARG;
   hier_head_t *head = (hier_head_t *)h->block;
   memset(head, 0, HIER_HEAD);
   *head = (hier_head_t){.agrees = 1, .hint = hint, .kind = (int32_t)a->kind, .dtype = (int32_t)a->dtype,
                         .op = (int32_t)a->op, .root = a->root, .count = a->count};
-  if (data != NULL && len) memcpy(h->block + HIER_HEAD, data, len);
   const uint8_t *rows = h->block;
   int rc;
   if (h->local_size > 1) {
-    rc = coll__hier_local(h, COLL_ALLGATHER, COLL_UINT8, COLL_SUM, 0, HIER_BLOCK, h->block, h->rows, err, errlen);
+    if (data != NULL && len) memcpy(h->block + HIER_HEAD, data, len);
+    rc = coll__hier_local(h, COLL_ALLGATHER, COLL_UINT8, COLL_SUM, 0, h->stride, h->block, h->rows, err, errlen);
     if (rc) return rc;
     rows = h->rows;
   }
-  uint8_t *mine = h->blocks + (size_t)h->cfg.node * HIER_BLOCK;
+  uint8_t *mine = h->blocks + (size_t)h->cfg.node * h->stride;
   memcpy(mine, rows, HIER_HEAD);
   for (int l = 1; l < h->local_size; l++)
-    if (memcmp(rows + (size_t)l * HIER_BLOCK + HIER_SAME, rows + HIER_SAME, HIER_HEAD - HIER_SAME) != 0)
+    if (memcmp(rows + (size_t)l * h->stride + HIER_SAME, rows + HIER_SAME, HIER_HEAD - HIER_SAME) != 0)
       ((hier_head_t *)mine)->agrees = 0;
-  if (((hier_head_t *)mine)->agrees && hier_node_part(h, a, rows, len, part, pick, mine + HIER_HEAD) != 0)
+  if (((hier_head_t *)mine)->agrees && hier_node_part(h, a, rows, data, len, part, pick, mine + HIER_HEAD) != 0)
     ((hier_head_t *)mine)->agrees = 0; /* a dtype or op the fold refuses: a disagreement too */
   if (h->cfg.ring != NULL) {
     /* only the head and this call's data matter: a small call's step is one injected transfer (a
      * node whose call differs in length says so in its head, which always goes) */
-    rc = coll__net_ring_allgather_used(h->cfg.ring, h->blocks, HIER_BLOCK, HIER_HEAD + len, h->cfg.timeout_s, err,
+    rc = coll__net_ring_allgather_used(h->cfg.ring, h->blocks, h->stride, HIER_HEAD + len, h->cfg.timeout_s, err,
                                        errlen);
     if (rc) return rc;
   }
   if (h->cfg.nodes > 1 && h->cfg.rings < h->local_size) {
-    rc = coll__hier_local(h, COLL_BCAST, COLL_UINT8, COLL_SUM, 0, (size_t)h->cfg.nodes * HIER_BLOCK, h->blocks,
+    rc = coll__hier_local(h, COLL_BCAST, COLL_UINT8, COLL_SUM, 0, (size_t)h->cfg.nodes * h->stride, h->blocks,
                           h->blocks, err, errlen);
     if (rc) return rc;
   }
@@ -243,13 +257,13 @@ int coll__hier_agree(coll__hier_t *h, const coll_args_t *a, char *err, size_t er
 /* The root's bytes [0, bytes) of buf (a->root's, the job's rank) to every rank, in place. */
 static int hier_bcast(coll__hier_t *h, const coll_args_t *a, uint8_t *buf, size_t bytes, char *err, size_t errlen) {
   int node = h->node_of[a->root], local_root = h->local_of[a->root];
-  if (bytes <= COLL__HIER_SMALL) { /* the root's bytes ride with the descriptors */
+  if (bytes <= h->ride) { /* the root's bytes ride with the descriptors */
     const uint8_t *parts;
     int here = node == h->cfg.node;
     int rc = coll__hier_meet(h, a, h->rank == a->root ? buf : NULL, bytes, here ? HIER_PART_PICK : HIER_PART_NONE,
                              local_root, 0, &parts, err, errlen);
     if (rc) return rc;
-    memcpy(buf, parts + (size_t)node * HIER_BLOCK, bytes);
+    if (node != h->cfg.node || h->rank != a->root) memcpy(buf, parts + (size_t)node * h->stride, bytes);
     h->algorithm = "meeting";
     return 0;
   }

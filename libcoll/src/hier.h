@@ -13,10 +13,13 @@
  *   cut in R slices; carrier l gathers slice l of every node around ring l; a local allgather
  *   brings them to every local rank.
  * Every call starts with the meeting (hier.c): a block of a fixed size from every rank, its
- * descriptor and up to COLL__HIER_SMALL bytes of data, gathered in the node and then between the
- * nodes. Every rank sees every node's block, so every rank reaches the same verdict: a
- * disagreement anywhere is COLL_EMISMATCH on every rank, and the communicator stays usable.
- * Allreduce, bcast and barrier of up to COLL__HIER_SMALL bytes finish in the meeting.
+ * descriptor and up to `ride` bytes of data, gathered in the node and then between the nodes.
+ * Every rank sees every node's block, so every rank reaches the same verdict: a disagreement
+ * anywhere is COLL_EMISMATCH on every rank, and the communicator stays usable. Allreduce, bcast
+ * and barrier of up to `ride` bytes finish in the meeting, and so does allgather (and gather)
+ * with one rank per node. `ride` is COLL__HIER_SMALL, or with two nodes of one rank each (no
+ * node stage, and one step between the nodes that moves only the call's bytes) up to
+ * COLL__HIER_RIDE_2 as the ring's eager path allows.
  */
 #ifndef COLL_HIER_H
 #define COLL_HIER_H
@@ -28,7 +31,8 @@
 #include "coll.h"
 #include "net_ring.h"
 
-#define COLL__HIER_SMALL 1024 /* bytes of data that ride with every call's descriptor */
+#define COLL__HIER_SMALL 1024   /* bytes of data that ride with every call's descriptor */
+#define COLL__HIER_RIDE_2 65536 /* the most that rides between two nodes of one rank each */
 
 typedef struct coll__hier coll__hier_t;
 
@@ -87,6 +91,7 @@ struct coll__hier {
   int rank_is_node; /* one rank per node, rank k on node k: an allgather's ring rows are its result */
   int sliced;    /* even and rings > 1: the pipelined allreduce */
   uint8_t hint;  /* node 0's local rank 0's proposal in the last meeting: the chunk count */
+  size_t ride, stride; /* the data bytes that ride in a meeting block, and the block's size */
   const char *algorithm;
   uint8_t *block, *rows, *blocks; /* the meeting's: mine, my node's, every node's */
   uint8_t *scratch[7];            /* grown on demand, kept for the next call (HIER_SCR_*) */
@@ -100,12 +105,11 @@ struct coll__hier {
 /* What a node contributes to the meeting's data besides its head. */
 typedef enum { HIER_PART_NONE, HIER_PART_FOLD, HIER_PART_PICK } coll__hier_part_t;
 /* The meeting: my data (NULL: none) of len bytes, the node's part of len bytes made as `part`
-says (pick: the local rank whose data), and *parts_p gets every node's (nodes rows,
-coll__hier_stride apart). */
+says (pick: the local rank whose data), and *parts_p gets every node's (nodes rows, h->stride
+apart; of each, len bytes are the node's). len <= h->ride. */
 int coll__hier_meet(coll__hier_t *h, const coll_args_t *a, const void *data, size_t len,
                     coll__hier_part_t part, int pick, uint8_t hint, const uint8_t **parts_p, char *err,
                     size_t errlen);
-size_t coll__hier_stride(void);
 /* Scratch buffers: the moves' (piece, every), the collectives' (mine, all), the call's, the
  * gathered blocks' (out), an in-place call's copy of its input (copy). coll__hier_scratch: `which`, of at least bytes (NULL: no memory). */
 enum { HIER_SCR_PIECE, HIER_SCR_EVERY, HIER_SCR_MINE, HIER_SCR_ALL, HIER_SCR_CALL, HIER_SCR_OUT, HIER_SCR_COPY };

@@ -2,7 +2,7 @@
  * hier_allreduce.c - allreduce across nodes (hier.h): the reduce across, and the pipelined
  * allreduce where every local rank carries a ring.
  *
- * Up to COLL__HIER_SMALL bytes, the data rides in the meeting: each node folds its ranks'
+ * Up to h->ride bytes (hier.h), the data rides in the meeting: each node folds its ranks'
  * data, every rank folds the nodes' parts in node order (the same bits everywhere).
  *
  * Where nodes differ in ranks (or one ring serves a node): a local allreduce, then the reduce
@@ -236,11 +236,11 @@ int coll__hier_allreduce(coll__hier_t *h, const coll_args_t *a, void *out, char 
   size_t es = coll_dtype_size(a->dtype), bytes = a->count * es;
   coll_op_t base = a->op == COLL_AVG ? COLL_SUM : a->op;
   int rc;
-  if (bytes <= COLL__HIER_SMALL) {
+  if (bytes <= h->ride) {
     const uint8_t *parts;
     rc = coll__hier_meet(h, a, a->send, bytes, HIER_PART_FOLD, 0, 0, &parts, err, errlen);
     if (rc) return rc;
-    for (int k = 0; k < h->cfg.nodes; k++) h->inputs[k] = parts + (size_t)k * coll__hier_stride();
+    for (int k = 0; k < h->cfg.nodes; k++) h->inputs[k] = parts + (size_t)k * h->stride;
     rc = coll_reduce_local(a->dtype, base, out, h->inputs, (size_t)h->cfg.nodes, a->count, 1);
     h->algorithm = "meeting";
   } else {

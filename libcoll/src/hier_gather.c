@@ -8,7 +8,8 @@
  *
  * allgather is a local allgather (the node's block: its ranks' blocks, padded to the widest
  * node's), a gather across, and each rank's block picked out by rank; with one rank per node,
- * ranks in node order, the ring allgathers straight in the result.
+ * blocks of up to `ride` bytes go in the meeting, and larger ones, ranks in node order, the
+ * ring allgathers straight in the result.
  *
  * reduce_scatter, where every node has one rank per ring: local rank l of node k takes, from its
  * node's reduce-scatter, the blocks of local rank l of every node (node by node), reduced over the
@@ -51,8 +52,24 @@ int coll__hier_gather_across(coll__hier_t *h, const uint8_t *raw, size_t bytes, 
   return 0;
 }
 
+/* One rank per node and a block that rides: each rank's block goes with its descriptor. */
+static int hier_allgather_met(coll__hier_t *h, const coll_args_t *a, uint8_t *out, size_t b, char *err,
+                              size_t errlen) {
+  const uint8_t *parts;
+  int rc = coll__hier_meet(h, a, a->send, b, HIER_PART_PICK, 0, 0, &parts, err, errlen);
+  if (rc) return rc;
+  h->algorithm = "meeting";
+  for (int k = 0; k < h->cfg.nodes; k++) {
+    uint8_t *to = out + (size_t)h->rank_at[k] * b;
+    if (k != h->cfg.node) memcpy(to, parts + (size_t)k * h->stride, b);
+    else if (to != (const uint8_t *)a->send) memmove(to, a->send, b);
+  }
+  return 0;
+}
+
 int coll__hier_allgather(coll__hier_t *h, const coll_args_t *a, void *out, char *err, size_t errlen) {
   size_t b = a->count * coll_dtype_size(a->dtype), W = (size_t)h->widest, N = (size_t)h->cfg.nodes;
+  if (W == 1 && b <= h->ride) return hier_allgather_met(h, a, out, b, err, errlen);
   int rc = coll__hier_meet(h, a, NULL, 0, HIER_PART_NONE, 0, 0, NULL, err, errlen);
   if (rc || b == 0) return rc;
   h->algorithm = "gather";

@@ -40,6 +40,6 @@ int coll__net_eager_allgather(coll__net_ring_t *r, uint8_t *buf, size_t block, s
     }
     if (rc == 0) rc = coll__net_ring_wait(r, RING_HOP_OF, step, timeout_s, err, errlen);
   }
-  for (size_t j = 1; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, block);
+  for (size_t j = 1; rc == 0 && j < n; j++) memcpy(buf + ((me + j) % n) * block, w + j * block, used);
   return rc;
 }

@@ -45,7 +45,7 @@ int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
     return -ENOMEM;
   }
   r->net = net, r->n = n, r->me = me, r->left = left, r->right = right;
-  r->hop_area = (pool / 16) & ~(size_t)127;
+  r->hop_area = (pool / 8) & ~(size_t)127;
   r->chunk = ((pool - RING_SCRATCH - r->hop_area) / 4) & ~(size_t)63;
   for (int m = 0; m < n; m++) r->reach[m] = -1;
   memset(r->hop_seen, 0xff, sizeof r->hop_seen);
@@ -348,14 +348,16 @@ int coll__net_ring_bcast(coll__net_ring_t *r, int root, void *buf, size_t bytes,
   return rc ? rc : coll__net_flush(r->net, err, errlen);
 }
 
+size_t coll__net_ring_eager_block(const coll__net_ring_t *r) {
+  return r->hop_area / 2 / (size_t)r->n;
+}
+
 int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, double timeout_s,
                                   char *err, size_t errlen) {
   if ((block && buf == NULL) || used > block) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
   if (used == 0) used = 1; /* a step carries at least a byte, as the ring's empty chunks do */
-  /* with 2 members the ring takes as few steps, and past a few KiB its writes straight from buf
-   * (no staging copy in and out) may pay more than the credit saves: not measured, so kept */
-  int reached = block * (size_t)r->n <= r->hop_area / 2 && (r->n > 2 || block <= HOP_EAGER_2);
+  int reached = block <= coll__net_ring_eager_block(r);
   for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
   if (reached) return coll__net_eager_allgather(r, buf, block, used, timeout_s, err, errlen);
   return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);

@@ -21,7 +21,7 @@ typedef struct coll__net_ring coll__net_ring_t;
 
 /* A ring of n members (n >= 1) in which this endpoint is member `me`; left and right are
  * the net peers (coll__net_add_peer) of members me-1 and me+1 (unused when n == 1). The
- * ring uses the endpoint's whole pool: a 16th for the small allgather, 4 KiB for credits, the
+ * ring uses the endpoint's whole pool: an 8th for the small allgather, 4 KiB for credits, the
  * rest in 4 chunks. Returns 0 and
  * *ring_p, COLL_EBADARG (a pool under 64 KiB, me out of range) or -ENOMEM. */
 int coll__net_ring_make(coll__net_t *net, int n, int me, int left, int right,
@@ -68,15 +68,18 @@ int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *d
                          char *err, size_t errlen);
 
 /* In place, on every member at once: buf holds n blocks of `block` bytes, member m's own in
- * block m; afterwards every member has all n. Where every member was reached and the n blocks
- * fit half of a 16th of the pool (128 KiB of 4 MiB), with 2 members blocks of up to 4 KiB only,
- * by the eager path: ceil(log2 n) steps (Bruck's dissemination), each one transfer each way with
- * no credit (2 members: one in all); else around the ring. Returns as coll__net_ring_allreduce. */
+ * block m; afterwards every member has all n. Where every member was reached and a block is at
+ * most coll__net_ring_eager_block, by the eager path: ceil(log2 n) steps (Bruck's dissemination),
+ * each one transfer each way with no credit (2 members: one in all); else around the ring.
+ * Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
-/* The same where only each block's first `used` bytes matter (used <= block): the small path
- * moves no more (the rest of the blocks arrive as anything), so a step of a few dozen bytes goes
- * as one injected transfer. */
+/* The same where only each block's first `used` bytes matter (used <= block): the eager path
+ * moves and copies no more (the rest of the blocks are left as anything), so a step of a few
+ * dozen bytes goes as one injected transfer. */
+/* The largest block the eager path takes: the n blocks fill half of an 8th of the pool (with 2
+ * members and 4 MiB, 128 KiB). */
+size_t coll__net_ring_eager_block(const coll__net_ring_t *ring);
 int coll__net_ring_allgather_used(coll__net_ring_t *ring, void *buf, size_t block, size_t used, double timeout_s,
                                   char *err, size_t errlen);
 

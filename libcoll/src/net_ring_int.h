@@ -18,7 +18,6 @@
 #define RING_SEEN 8             /* notes kept by number, per kind */
 #define HOP_SEEN 32             /* steps kept by number: 4 allgathers of up to 8 steps */
 #define RING_SCRATCH 4096       /* the pool's tail: where credits land */
-#define HOP_EAGER_2 4096        /* the largest block the eager path takes with 2 members */
 
 struct coll__net_ring {
   coll__net_t *net;
