@@ -230,10 +230,12 @@ int coll__hier_meet(coll__hier_t *h, const coll_args_t *a, const void *data, siz
   if (((hier_head_t *)mine)->agrees && hier_node_part(h, a, rows, data, len, part, pick, mine + HIER_HEAD) != 0)
     ((hier_head_t *)mine)->agrees = 0; /* a dtype or op the fold refuses: a disagreement too */
   if (h->cfg.ring != NULL) {
-    /* only the head and this call's data matter: a small call's step is one injected transfer (a
-     * node whose call differs in length says so in its head, which always goes) */
-    rc = coll__net_ring_allgather_used(h->cfg.ring, h->blocks, h->stride, HIER_HEAD + len, h->cfg.timeout_s, err,
-                                       errlen);
+    /* only the head and this call's data matter, and none of the data of a node without a part (a
+     * bcast's other nodes): a small call's step is one injected transfer (a node whose call differs
+     * in length says so in its head, which always goes) */
+    size_t own = HIER_HEAD + (part != HIER_PART_NONE ? len : 0);
+    rc = coll__net_ring_allgather_used(h->cfg.ring, h->blocks, h->stride, HIER_HEAD + len, own, h->cfg.timeout_s,
+                                       err, errlen);
     if (rc) return rc;
   }
   if (h->cfg.nodes > 1 && h->cfg.rings < h->local_size) {

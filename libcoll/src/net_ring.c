@@ -352,20 +352,21 @@ size_t coll__net_ring_eager_block(const coll__net_ring_t *r) {
   return r->hop_area / 2 / (size_t)r->n;
 }
 
-int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, double timeout_s,
-                                  char *err, size_t errlen) {
-  if ((block && buf == NULL) || used > block) return COLL_EBADARG;
+int coll__net_ring_allgather_used(coll__net_ring_t *r, void *buf, size_t block, size_t used, size_t own,
+                                  double timeout_s, char *err, size_t errlen) {
+  if ((block && buf == NULL) || used > block || own > used) return COLL_EBADARG;
   if (r->n == 1 || block == 0) return 0;
   if (used == 0) used = 1; /* a step carries at least a byte, as the ring's empty chunks do */
+  if (own == 0) own = 1;
   int reached = block <= coll__net_ring_eager_block(r);
   for (int m = 0; reached && m < r->n; m++) reached = m == r->me || r->reach[m] >= 0;
-  if (reached) return coll__net_eager_allgather(r, buf, block, used, timeout_s, err, errlen);
+  if (reached) return coll__net_eager_allgather(r, buf, block, used, own, timeout_s, err, errlen);
   return ring_run(r, COLL_UINT8, COLL_SUM, buf, block * (size_t)r->n, 1, 1, 0, timeout_s, err, errlen);
 }
 
 int coll__net_ring_allgather(coll__net_ring_t *r, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen) {
-  return coll__net_ring_allgather_used(r, buf, block, block, timeout_s, err, errlen);
+  return coll__net_ring_allgather_used(r, buf, block, block, block, timeout_s, err, errlen);
 }
 
 /* Every member writes a goodbye to every other and waits for theirs, then for its own writes: a

@@ -74,14 +74,15 @@ int coll__net_ring_shift(coll__net_ring_t *ring, int j, const void *src, void *d
  * Returns as coll__net_ring_allreduce. */
 int coll__net_ring_allgather(coll__net_ring_t *ring, void *buf, size_t block, double timeout_s, char *err,
                              size_t errlen);
-/* The same where only each block's first `used` bytes matter (used <= block): the eager path
- * moves and copies no more (the rest of the blocks are left as anything), so a step of a few
- * dozen bytes goes as one injected transfer. */
+/* The same where only each block's first `used` bytes matter (used <= block), and of my own
+ * block only the first `own` (own <= used; each member may pass its own): the eager path moves
+ * and copies no more (the rest of the blocks are left as anything), so a step of a few dozen
+ * bytes goes as one injected transfer. */
 /* The largest block the eager path takes: the n blocks fill half of an 8th of the pool (with 2
  * members and 4 MiB, 128 KiB). */
 size_t coll__net_ring_eager_block(const coll__net_ring_t *ring);
-int coll__net_ring_allgather_used(coll__net_ring_t *ring, void *buf, size_t block, size_t used, double timeout_s,
-                                  char *err, size_t errlen);
+int coll__net_ring_allgather_used(coll__net_ring_t *ring, void *buf, size_t block, size_t used, size_t own,
+                                  double timeout_s, char *err, size_t errlen);
 
 /* Collective, the ring's last call: once it returns no member writes into my pool any more and my
  * writes completed, so the endpoint may close under nobody (a member that closed while a neighbour

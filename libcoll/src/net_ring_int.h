@@ -49,8 +49,8 @@ enum { RING_DATA, RING_CREDIT_OF, RING_SENT, RING_HOP_OF, RING_READY_OF, RING_HO
 int coll__net_ring_wait(coll__net_ring_t *r, int what, uint32_t t, double timeout_s, char *err, size_t errlen);
 
 /* The eager small allgather (net_eager.c), for coll__net_ring_allgather_used where it applies. */
-int coll__net_eager_allgather(coll__net_ring_t *r, uint8_t *buf, size_t block, size_t used, double timeout_s,
-                              char *err, size_t errlen);
+int coll__net_eager_allgather(coll__net_ring_t *r, uint8_t *buf, size_t block, size_t used, size_t own,
+                              double timeout_s, char *err, size_t errlen);
 
 /* Where small allgather `call`'s area starts in the pool: the two alternate. */
 static inline size_t coll__net_hop_off(const coll__net_ring_t *r, uint32_t call) {
