@@ -114,4 +114,21 @@ static void scenario(const scenario_t *s, const netns_t *ns, int port, double ti
   record(ok, s->name, SIZE, now_s() - t0, ok ? NULL : "see the ranks' lines above");
 }
 
+/* The test's main: each scenario on NODES fresh-started nodes (ports from port_base on), or one
+ * skip line (`what`) where namespaces cannot be made. Returns the exit status. */
+static int scenarios_run(const scenario_t *all, size_t n, const char *what, int port_base) {
+  netns_t ns;
+  test_pid = (int)getpid();
+  if (netns_up(&ns, NODES) != 0) {
+    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, what, ns.why);
+    printf("0 passed, 0 failed\n");
+    return 0;
+  }
+  int port = port_base + (int)(getpid() % 2000) * 8;
+  for (size_t i = 0; i < n; i++) scenario(&all[i], &ns, port + 4 * (int)i, 240);
+  netns_down(&ns);
+  printf("%lu passed, %lu failed\n", test_passed, test_failed);
+  return test_failed != 0;
+}
+
 #endif /* HBMCOLL_TESTS_C_NODES_JOB_H */

@@ -290,8 +290,6 @@ static int job_split_killed(coll_comm_t *c, int rank) {
 static int job_missing(coll_comm_t *c, int rank) { (void)c, (void)rank; return 1; /* never joins */ }
 
 int main(void) {
-  netns_t ns;
-  test_pid = (int)getpid();
   const scenario_t all[] = {
       {"every collective across 2 nodes x 2, blocking and started", job_collectives, -1, 0},
       {"splits: across the nodes, on one node, nested", job_split, -1, 0},
@@ -300,14 +298,5 @@ int main(void) {
       {"a killed rank is EPEERLOST on both nodes", job_killed, 3, 0},
       {"a missing node is named with address and ranks", job_missing, -1, 1},
   };
-  if (netns_up(&ns, NODES) != 0) {
-    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, "collectives across emulated nodes", ns.why);
-    printf("0 passed, 0 failed\n");
-    return 0;
-  }
-  int port = 31000 + (int)(getpid() % 2000) * 8;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) scenario(&all[i], &ns, port + 4 * (int)i, 240);
-  netns_down(&ns);
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed != 0;
+  return scenarios_run(all, sizeof all / sizeof all[0], "collectives across emulated nodes", 31000);
 }

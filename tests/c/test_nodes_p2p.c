@@ -214,8 +214,6 @@ static int job_split(coll_comm_t *c, int rank) {
 }
 
 int main(void) {
-  netns_t ns;
-  test_pid = (int)getpid();
   const scenario_t all[] = {
       {"send/recv ring across 2 nodes x 2, 0 B to 4 MiB", job_ring, -1, 0},
       {"ANY_SOURCE, ANY_TAG, order and tags across nodes", job_any, -1, 0},
@@ -223,14 +221,5 @@ int main(void) {
       {"a rank killed while others receive: EPEERLOST", job_killed, 3, 0},
       {"a split across the nodes has its own send/recv", job_split, -1, 0},
   };
-  if (netns_up(&ns, NODES) != 0) {
-    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, "point-to-point across emulated nodes", ns.why);
-    printf("0 passed, 0 failed\n");
-    return 0;
-  }
-  int port = 33000 + (int)(getpid() % 2000) * 8;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) scenario(&all[i], &ns, port + 4 * (int)i, 240);
-  netns_down(&ns);
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed != 0;
+  return scenarios_run(all, sizeof all / sizeof all[0], "point-to-point across emulated nodes", 33000);
 }

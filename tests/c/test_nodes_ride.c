@@ -140,21 +140,10 @@ static int job_mismatch(coll_comm_t *c, int rank) {
 }
 
 int main(void) {
-  netns_t ns;
-  test_pid = (int)getpid();
   const scenario_t all[] = {
       {"2 x 1: every kind rides up to 64 KiB, not past", job_kinds, -1, 0},
       {"2 x 1: 3000 calls, sizes changing, one rank late", job_back_to_back, -1, 0},
       {"2 x 1: a disagreement about riding is EMISMATCH", job_mismatch, -1, 0},
   };
-  if (netns_up(&ns, NODES) != 0) {
-    printf("skip %-*s (%s)\n", HARNESS_NAME_WIDTH, "calls riding in the meeting", ns.why);
-    printf("0 passed, 0 failed\n");
-    return 0;
-  }
-  int port = 33000 + (int)(getpid() % 2000) * 8;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) scenario(&all[i], &ns, port + 4 * (int)i, 240);
-  netns_down(&ns);
-  printf("%lu passed, %lu failed\n", test_passed, test_failed);
-  return test_failed != 0;
+  return scenarios_run(all, sizeof all / sizeof all[0], "calls riding in the meeting", 35000);
 }
