@@ -21,7 +21,7 @@ import time
 import net_bridge as nb  # the runners, the namespaces
 from netnodes import NetNodes, finish
 
-BLOCK = 32 + 1024  # a meeting block (hier.c: head + COLL__HIER_SMALL)
+BLOCK = 32 + 1024  # a meeting block (hier.c: head + COLL__HIER_SMALL; 2 x 1 rides up to 64 KiB)
 
 
 def pingpong(nodes):

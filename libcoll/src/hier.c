@@ -40,7 +40,9 @@ _Static_assert(HIER_HEAD == 32, "a head of 32 bytes");
  * (no node stage, and the one step between them sends just the head and the data), so there the
  * blocks may be as large as the ring's eager path takes; elsewhere every rank's block crosses
  * whole in the node and in all but the last step between nodes, so it stays small. Every rank
- * computes the same: the layout and the pools' size (the ring's slots depend on it too) agree. */
+ * computes the same: the layout agrees, and so do the pools' sizes (COLL__NODES_POOL: nothing
+ * sets another, and the join refuses a node of another protocol; the ring's slots depend on it
+ * too). */
 static size_t hier_ride(const coll__hier_t *h) {
   if (h->cfg.nodes != 2 || h->widest != 1) return COLL__HIER_SMALL;
   size_t most = coll__net_ring_eager_block(h->cfg.ring);

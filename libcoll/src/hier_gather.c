@@ -52,18 +52,16 @@ int coll__hier_gather_across(coll__hier_t *h, const uint8_t *raw, size_t bytes, 
   return 0;
 }
 
-/* One rank per node and a block that rides: each rank's block goes with its descriptor. */
+/* One rank per node and a block that rides: each rank's block goes with its descriptor. Mine is
+ * taken from the meeting's copy too, as send may overlap out anywhere (a call across nodes gets
+ * no private copy of an aliased input). */
 static int hier_allgather_met(coll__hier_t *h, const coll_args_t *a, uint8_t *out, size_t b, char *err,
                               size_t errlen) {
   const uint8_t *parts;
   int rc = coll__hier_meet(h, a, a->send, b, HIER_PART_PICK, 0, 0, &parts, err, errlen);
-  if (rc) return rc;
+  if (rc || b == 0) return rc;
   h->algorithm = "meeting";
-  for (int k = 0; k < h->cfg.nodes; k++) {
-    uint8_t *to = out + (size_t)h->rank_at[k] * b;
-    if (k != h->cfg.node) memcpy(to, parts + (size_t)k * h->stride, b);
-    else if (to != (const uint8_t *)a->send) memmove(to, a->send, b);
-  }
+  for (int k = 0; k < h->cfg.nodes; k++) memcpy(out + (size_t)h->rank_at[k] * b, parts + (size_t)k * h->stride, b);
   return 0;
 }
 

@@ -4,7 +4,8 @@
  * two emulated nodes (network namespaces, tests/c/netns.h) of one rank, joined from C as
  * hbmcoll-run would (tests/c/nodes_job.h).
  *
- *  - allreduce, reduce, bcast (roots on both nodes), allgather (also in place), gather and scatter,
+ *  - allreduce, reduce, bcast (roots on both nodes), allgather and gather (also in place, and with
+ *    the input overlapping another rank's place of the result), and scatter,
  *    float32 and int8, at counts that ride (the largest: exactly 64 KiB) and just past it: every
  *    value checked, and coll_comm_algorithm says "meeting" exactly where the bytes ride;
  *  - 3000 calls back to back, sizes changing every call (8 B, 1 KiB, 64 KiB, past it), one rank
@@ -53,9 +54,11 @@ static int call(coll_comm_t *c, int rank, coll_kind_t kind, coll_dtype_t t, size
   if (kind == COLL_BCAST && rank == root)
     for (size_t i = 0; i < count; i++) put(t, recv, i, val(rank, i, n));
   coll_args_t a = {.kind = kind, .dtype = t, .op = COLL_SUM, .root = root, .count = count, .send = send, .recv = recv};
-  if (in_place) { /* my block already in its place of the result */
-    for (size_t i = 0; i < count; i++) put(t, recv, (size_t)rank * count + i, val(rank, i, n));
-    a.send = recv + (size_t)rank * count * es;
+  if (in_place) { /* my block already in its place of the result (1), or at its start (2: overlapping
+                   * rank 0's place, which an allgather may be given too) */
+    size_t at = in_place == 1 ? (size_t)rank * count : 0;
+    for (size_t i = 0; i < count; i++) put(t, recv, at + i, val(rank, i, n));
+    a.send = recv + at * es;
   }
   int rc = coll_run(c, &a), bad = 0;
   const char *text = "";
@@ -98,7 +101,9 @@ static int job_kinds(coll_comm_t *c, int rank) {
           if (!rooted && root) continue;
           bad += call(c, rank, kinds[k], dt, counts[ci], root, (unsigned)(k * 8 + ci), 0,
                       kinds[k] == COLL_SCATTER ? -1 : rides);
-          if (kinds[k] == COLL_ALLGATHER) bad += call(c, rank, kinds[k], dt, counts[ci], 0, (unsigned)ci, 1, rides);
+          if (kinds[k] == COLL_ALLGATHER || kinds[k] == COLL_GATHER)
+            for (int overlap = 1; overlap <= 2; overlap++)
+              bad += call(c, rank, kinds[k], dt, counts[ci], root, (unsigned)ci, overlap, rides);
           if (bad) return bad;
         }
     }

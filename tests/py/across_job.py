@@ -55,7 +55,7 @@ if os.environ.get("MODE") == "backtoback":  # the eager path's slots reused: ran
     say("rank", c.rank, "of", c.size, "node", c.node, "ok")
     raise SystemExit(0)
 if os.environ.get("MODE") == "interrupt":  # node 0 waits for node 1, which comes late
-    # 80 KB: past what rides in the meeting (64 KiB with one rank per node), so node 1's call needs
+    # 80 KB: past what rides in the meeting (64 KiB with two nodes of one rank), so node 1's call needs
     # node 0 after the meeting; a call that rode would find node 0's data already there, and succeed
     big = 20000
     if c.node == 0:
