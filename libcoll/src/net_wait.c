@@ -11,11 +11,17 @@
  * takes no core, and the scheduler runs it as soon as its bytes arrive (a sleeper is owed time).
  *
  * How long to spin first. Blocking costs a sleep and a wake-up; a wait that would have ended
- * sooner than that is better spun. So the spin lasts what one sleep and wake-up take on this
- * machine, measured when the endpoint opens: a helper thread woken through a pipe, which wakes
- * us back, the least of a few round trips, halved (the least: the cost itself, not the load of
- * the moment). Spinning that long before blocking is within twice the best choice made knowing
- * the future (the classic competitive-spinning bound); a wait that blocks pays its wake-up once.
+ * sooner than that is better spun (spinning that long before blocking is within twice the best
+ * choice made knowing the future, the classic competitive-spinning bound). What a wake-up costs
+ * is measured when the endpoint opens: a helper thread woken through a pipe, which wakes us
+ * back, the least of a few round trips, halved. That least is the cost on a warm core; a waiter
+ * that slept through a transfer wakes on a halted vCPU, tens of us later (bench/README.md,
+ * "Waits that share the core"). So where the machine has cores to spare the spin lasts up to
+ * COLL_NET_SPIN_S, as the node's point-to-point waits' do (p2p.c). Where it has not (as many
+ * other runnable tasks as cores we may run on, /proc/loadavg read every COLL_NET_LOOK_S), or where
+ * the node's waits found the core wanted (core_share.c), the spin is the measured wake-up: a
+ * spinner there takes the core from the ranks it waits for, and the scheduler owes time to a
+ * sleeper, not to a spinner (bench/README.md has both measured).
  *
  * How to block. The CQ is opened with FI_WAIT_FD and fi_control(FI_GETWAIT) gives its fd. Then
  * fi_trywait (it says -FI_EAGAIN where completions are already queued: we poll again) and
@@ -43,6 +49,7 @@
 #include "net_wait.h"
 #ifdef COLL_NET_OFI
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -52,12 +59,32 @@
 
 #include <rdma/fi_domain.h>
 
+#include "core_share.h"
+
 #define WAIT_ROUNDS 8 /* round trips measured at open: the least is the cost */
 
 static double wait_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1 when the machine's runnable tasks besides this one (/proc/loadavg's fourth field, "R/T")
+ * are at least the cores this thread may run on (the whole machine's tasks against our share of
+ * it: on a shared host that says busy more often than not, and then the waits act as before); 1
+ * too when that cannot be read (then spinning is not known to be free). */
+static int wait_machine_busy(void) {
+  char line[128];
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  ssize_t got = fd >= 0 ? read(fd, line, sizeof line - 1) : -1;
+  if (fd >= 0) close(fd);
+  if (got <= 0) return 1;
+  line[got] = '\0';
+  int running = 0;
+  if (sscanf(line, "%*s %*s %*s %d/", &running) != 1) return 1;
+  cpu_set_t mine;
+  int cores = sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 0;
+  return cores < 1 || running - 1 >= cores;
 }
 
 /* The helper: wakes on to_helper, answers on to_main, until the pipe closes. */
@@ -108,7 +135,8 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
   w->spin_s = wake > 0 ? wake : 64e-6;
   if (rc == 0 && fd >= 0) {
     w->fd = fd;
-    snprintf(w->how, sizeof w->how, "waits block on the CQ's fd after %.0f us", 1e6 * w->spin_s);
+    snprintf(w->how, sizeof w->how, "waits block on the CQ's fd after %.0f us (%.0f on an idle machine)",
+             1e6 * w->spin_s, 1e6 * (w->spin_s > COLL_NET_SPIN_S ? w->spin_s : COLL_NET_SPIN_S));
   } else {
     snprintf(w->how, sizeof w->how, "waits yield (no wait object: %s)",
              wait_obj == FI_WAIT_FD ? "fi_control(FI_GETWAIT) gave no fd" : "the provider refused FI_WAIT_FD");
@@ -118,8 +146,12 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
                           struct pollfd *extra, int nextra) {
   double now = wait_now();
-  if (*since == 0) *since = now;
-  if (now - *since < w->spin_s) return 0;
+  if (*since == 0) {
+    *since = now;
+    if (now >= w->next_look) w->next_look = now + COLL_NET_LOOK_S, w->busy = wait_machine_busy();
+  }
+  int spare = !w->busy && !coll__core_wanted(now);
+  if (now - *since < (spare && COLL_NET_SPIN_S > w->spin_s ? COLL_NET_SPIN_S : w->spin_s)) return 0;
   if (w->fd < 0) {
     sched_yield();
     return 1;

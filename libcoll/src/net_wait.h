@@ -17,7 +17,9 @@ typedef struct {
   struct fid_fabric *fabric;
   struct fid_cq *cq;
   int fd;        /* the CQ's wait object; -1: the provider gives none, and a wait yields */
-  double spin_s; /* how long a stretch of empty polls lasts before the wait blocks */
+  double spin_s; /* the shortest stretch of empty polls before the wait blocks: the wake-up measured */
+  int busy;         /* the machine's cores were all wanted at the last look: spins are spin_s */
+  double next_look; /* when to look again (CLOCK_MONOTONIC seconds) */
   uint64_t blocks, woken; /* blocks so far, and those the CQ's fd ended */
   char how[112]; /* one phrase for coll__net_describe */
 } coll__net_waiter_t;
@@ -25,6 +27,8 @@ typedef struct {
 /* The wait object to ask for when opening the CQ; where fi_cq_open refuses it, the CQ is opened
  * with FI_WAIT_NONE and coll__net_waiter_open is told so. */
 #define COLL_NET_WAIT_OBJ FI_WAIT_FD
+#define COLL_NET_SPIN_S 200e-6 /* the longest spin, on a machine with cores to spare */
+#define COLL_NET_LOOK_S 0.05   /* how often a wait looks at the machine's runnable tasks */
 
 /* Once the CQ is open (wait_obj: what it was opened with): its fd (fi_control FI_GETWAIT) and
  * the spin, measured here (what a sleep and a wake-up cost on this machine). Never fails:
@@ -33,7 +37,8 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
                            enum fi_wait_obj wait_obj);
 
 /* After an empty poll of a wait whose empty stretch began at *since (0: now): 0 while the
- * stretch is shorter than w->spin_s; then blocks in the kernel (fi_trywait, poll(2)) until the
+ * stretch is shorter than the spin (net_wait.c: COLL_NET_SPIN_S on an idle machine, else
+ * w->spin_s); then blocks in the kernel (fi_trywait, poll(2)) until the
  * CQ's fd stirs, watch_fd (>= 0) closes or fails, one of extra[0..nextra) has its events, `until`
  * (CLOCK_MONOTONIC seconds, 0: none) or most_s passed, and returns 1 (2: watch_fd closed).
  * Where fi_trywait says completions are waiting it returns 0 at once; without an fd it yields
