@@ -18,10 +18,13 @@
  * that slept through a transfer wakes on a halted vCPU, tens of us later (bench/README.md,
  * "Waits that share the core"). So where the machine has cores to spare the spin lasts up to
  * COLL_NET_SPIN_S, as the node's point-to-point waits' do (p2p.c). Where it has not (as many
- * other runnable tasks as cores we may run on, /proc/loadavg read every COLL_NET_LOOK_S), or where
- * the node's waits found the core wanted (core_share.c), the spin is the measured wake-up: a
- * spinner there takes the core from the ranks it waits for, and the scheduler owes time to a
- * sleeper, not to a spinner (bench/README.md has both measured).
+ * other runnable tasks as cores we may run on: /proc/loadavg, looked at no more than every
+ * COLL_NET_LOOK_S, once a wait is past the measured wake-up), where the node's waits found the
+ * core wanted (core_share.c), or where a cgroup caps the CPU time, the spin is the measured
+ * wake-up: a spinner there takes the core from the ranks it waits for, the scheduler owes time
+ * to a sleeper, not to a spinner (bench/README.md has both measured), and a quota spent
+ * spinning stops the whole job. A caller that spun on its own (nodes_p2p.c) passes a stretch
+ * that began long ago, and the wait blocks at once.
  *
  * How to block. The CQ is opened with FI_WAIT_FD and fi_control(FI_GETWAIT) gives its fd. Then
  * fi_trywait (it says -FI_EAGAIN where completions are already queued: we poll again) and
@@ -43,8 +46,8 @@
  * completion came after the last peer was added (net_ofi.c, `settled`), a block lasts at most
  * 1 ms, the least poll(2) takes: the wait still sleeps, and a handshake step costs a millisecond.
  *
- * A provider that gives no wait object: the waits spin, then yield the core after each empty
- * poll past the spin, as before; coll__net_describe says "waits yield (no wait object)".
+ * A provider that gives no wait object: the waits spin as above, then yield the core after each
+ * empty poll past the spin; coll__net_describe says "waits yield (no wait object)".
  */
 #include "net_wait.h"
 #ifdef COLL_NET_OFI
@@ -53,6 +56,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,10 +85,27 @@ static int wait_machine_busy(void) {
   if (got <= 0) return 1;
   line[got] = '\0';
   int running = 0;
-  if (sscanf(line, "%*s %*s %*s %d/", &running) != 1) return 1;
+  if (sscanf(line, "%*s %*s %*s %d/", &running) != 1 || running < 1) return 1; /* (we run: at least 1) */
   cpu_set_t mine;
   int cores = sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 0;
   return cores < 1 || running - 1 >= cores;
+}
+
+/* 1 when the process's cgroup caps its CPU time (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us): a
+ * spin there spends a quota that, once gone, stops every thread of the job until the next period,
+ * however idle the machine looks. */
+static int wait_cpu_quota(void) {
+  char text[64] = "";
+  int fd = open("/sys/fs/cgroup/cpu.max", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    return got > 0 && strncmp(text, "max", 3) != 0;
+  }
+  if ((fd = open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", O_RDONLY | O_CLOEXEC)) < 0) return 0;
+  ssize_t got = read(fd, text, sizeof text - 1);
+  close(fd);
+  return got > 0 && atol(text) > 0;
 }
 
 /* The helper: wakes on to_helper, answers on to_main, until the pipe closes. */
@@ -133,10 +154,15 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
   double wake = wait_wake_cost();
   /* no thread to measure with (rare): the spin of the yielding waits before, 64 polls of about 1 us */
   w->spin_s = wake > 0 ? wake : 64e-6;
+  w->quota = wait_cpu_quota();
   if (rc == 0 && fd >= 0) {
     w->fd = fd;
-    snprintf(w->how, sizeof w->how, "waits block on the CQ's fd after %.0f us (%.0f on an idle machine)",
-             1e6 * w->spin_s, 1e6 * (w->spin_s > COLL_NET_SPIN_S ? w->spin_s : COLL_NET_SPIN_S));
+    if (w->quota)
+      snprintf(w->how, sizeof w->how, "waits block on the CQ's fd after %.0f us (a CPU quota: no longer spin)",
+               1e6 * w->spin_s);
+    else
+      snprintf(w->how, sizeof w->how, "waits block on the CQ's fd after %.0f us (%.0f on an idle machine)",
+               1e6 * w->spin_s, 1e6 * (w->spin_s > COLL_NET_SPIN_S ? w->spin_s : COLL_NET_SPIN_S));
   } else {
     snprintf(w->how, sizeof w->how, "waits yield (no wait object: %s)",
              wait_obj == FI_WAIT_FD ? "fi_control(FI_GETWAIT) gave no fd" : "the provider refused FI_WAIT_FD");
@@ -146,12 +172,16 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
                           struct pollfd *extra, int nextra) {
   double now = wait_now();
-  if (*since == 0) {
-    *since = now;
-    if (now >= w->next_look) w->next_look = now + COLL_NET_LOOK_S, w->busy = wait_machine_busy();
+  if (*since == 0) *since = now;
+  if (now - *since < w->spin_s) return 0;
+  /* past the measured wake-up: look at the machine now and then (not on the first empty poll,
+   * when an answer is likeliest) */
+  if (now >= atomic_load_explicit(&w->next_look, memory_order_relaxed)) {
+    atomic_store_explicit(&w->next_look, now + COLL_NET_LOOK_S, memory_order_relaxed);
+    atomic_store_explicit(&w->busy, w->quota || wait_machine_busy(), memory_order_relaxed);
   }
-  int spare = !w->busy && !coll__core_wanted(now);
-  if (now - *since < (spare && COLL_NET_SPIN_S > w->spin_s ? COLL_NET_SPIN_S : w->spin_s)) return 0;
+  int spare = !atomic_load_explicit(&w->busy, memory_order_relaxed) && !coll__core_wanted(now);
+  if (spare && now - *since < COLL_NET_SPIN_S) return 0;
   if (w->fd < 0) {
     sched_yield();
     return 1;

@@ -9,6 +9,7 @@
 #include "net.h"
 #ifdef COLL_NET_OFI
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_eq.h>
@@ -18,8 +19,10 @@ typedef struct {
   struct fid_cq *cq;
   int fd;        /* the CQ's wait object; -1: the provider gives none, and a wait yields */
   double spin_s; /* the shortest stretch of empty polls before the wait blocks: the wake-up measured */
-  int busy;         /* the machine's cores were all wanted at the last look: spins are spin_s */
-  double next_look; /* when to look again (CLOCK_MONOTONIC seconds) */
+  int quota;        /* the cgroup caps CPU time: spins are spin_s */
+  /* a hint that threads sharing the waiter (nodes_p2p.c) may race on: read and written whole */
+  _Atomic int busy;         /* the machine's cores were all wanted at the last look: spins are spin_s */
+  _Atomic double next_look; /* when to look again (CLOCK_MONOTONIC seconds) */
   uint64_t blocks, woken; /* blocks so far, and those the CQ's fd ended */
   char how[112]; /* one phrase for coll__net_describe */
 } coll__net_waiter_t;

@@ -264,7 +264,8 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
   if (p->c == NULL) return COLL_EABORTED;
   coll_comm_t *node = coll__comm_here(p->c);
   p->inside++;
-  double since = 0, start = sp_now(), next_check = start + SP_SLICE_S;
+  double start = sp_now(), next_check = start + SP_SLICE_S;
+  double since = start - 1; /* the bridge's wait: a stretch long begun, so it blocks at once (the spin is here) */
   double spin_until = coll__core_wanted(start) ? start : start + SP_SPIN_S; /* no spin where a task wants the core */
   int rc = 0;
   while (rc == 0 && !sp_settled(op)) {
