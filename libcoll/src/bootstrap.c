@@ -94,6 +94,17 @@ static socklen_t boot_address(const char *key, const boot_t *b, struct sockaddr_
   return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
+/* The key as errors show it: a key from HBMCOLL_JOB_KEY holds the secret that joins nodes
+ * ("u<uid>.key.<secret>/..."), which must not reach logs: its characters are counted, not shown. */
+static const char *boot_key_shown(const char *key, char *out, size_t len) {
+  const char *at = strstr(key, ".key.");
+  if (at == NULL) return key;
+  const char *secret = at + 5, *end = strchr(secret, '/');
+  size_t n = end ? (size_t)(end - secret) : strlen(secret);
+  snprintf(out, len, "%.*s<HBMCOLL_JOB_KEY, %zu characters>%s", (int)(secret - key), key, n, end ? end : "");
+  return out;
+}
+
 static int boot_same_user(int fd) {
   struct ucred cred;
   socklen_t len = sizeof cred;
@@ -290,7 +301,8 @@ static int boot_leader(const char *key, int size, boot_t *b, int fd, int *pids_o
   if (lsock < 0) return -errno;
   int rc = 0, *conns = NULL, *pids = NULL, nconn = 0, listening = 0;
   if ((rc = boot_listen(lsock, &addr, alen, size, b)) != 0) {
-    snprintf(err, errlen, "rank 0 could not listen for job key '%s'%s%s: %s%s", key,
+    char shown[160];
+    snprintf(err, errlen, "rank 0 could not listen for job key '%s'%s%s: %s%s", boot_key_shown(key, shown, sizeof shown),
              b->dir ? " in " : "", b->dir ? b->dir : "", strerror(-rc),
              rc == -EADDRINUSE ? " (another job with the same key is starting)" : "");
     goto out_close_listener;
@@ -423,8 +435,9 @@ static int boot_member(const char *key, int rank, int size, boot_t *b, int *fd_p
       return rc;
     }
     if (boot_now() >= b->deadline) {
+      char shown[160];
       snprintf(err, errlen, "rank %d found no rank 0 listening for job key '%s'%s%s in time", rank,
-               key, b->dir ? " in " : "", b->dir ? b->dir : "");
+               boot_key_shown(key, shown, sizeof shown), b->dir ? " in " : "", b->dir ? b->dir : "");
       return -ETIMEDOUT;
     }
     int why = boot_interrupted(b);
