@@ -209,6 +209,7 @@ static int sp_post(coll__span_p2p_t *p, sp_op_t *op) {
 /* Read completions, post what waits to be posted, in order: 0 or the communicator's failure. */
 static int sp_progress(coll__span_p2p_t *p) {
   char err[COLL__NODES_TEXT] = "";
+  if (p->ep == NULL) return p->c ? sp_failed(p) : COLL_EABORTED; /* dropped: the communicator failed */
   int rc = coll__tagged_poll(p->ep, err, sizeof err);
   for (sp_op_t **at = &p->orphans; *at;) { /* what the provider is done with now */
     sp_op_t *o = *at;
@@ -228,6 +229,8 @@ static int sp_progress(coll__span_p2p_t *p) {
 }
 
 static int sp_enqueue(coll__span_p2p_t *p, sp_op_t *op) {
+  int failed = sp_failed(p);
+  if (failed) return failed; /* checked before the call too, but it may have failed since */
   if (p->qhead == NULL) {
     int rc = sp_post(p, op);
     if (rc != -EAGAIN) return rc;
@@ -313,8 +316,27 @@ static double sp_until(coll_comm_t *c, double timeout_s) {
   return until;
 }
 
+/* The communicator failed with an operation still in the provider's hands (a send under way, a
+ * receive being filled), whose buffer its caller is about to get back: the endpoint closes first, so
+ * nothing reads or writes that buffer afterwards. Other waiters leave first (the failure ends their
+ * waits within a slice); nothing more is posted on a failed communicator, and the orphans go. */
+static void sp_drop_endpoint(coll__span_p2p_t *p) {
+  if (p->ep == NULL) return;
+  if (p->inside > 0) coll__tagged_signal(p->ep);
+  while (p->inside > 0) pthread_cond_wait(&p->idle, &p->lock);
+  if (p->ep == NULL) return; /* another thread dropped it meanwhile */
+  coll__tagged_close(p->ep);
+  p->ep = NULL;
+  while (p->orphans) {
+    sp_op_t *o = p->orphans;
+    p->orphans = o->onext;
+    free(o);
+  }
+}
+
 /* A wait that ended in rc: withdraw op. A receive is cancelled (it may have matched meanwhile:
- * then it is done after all, 0); a send cannot be, and fails the communicator. */
+ * then it is done after all, 0); a send cannot be, and fails the communicator, as does a receive
+ * still being filled; then the endpoint closes (sp_drop_endpoint) before the caller gets its buffer. */
 static int sp_give_up(coll__span_p2p_t *p, sp_op_t *op, int rc) {
   if (!op->posted) {
     sp_unqueue(p, op);
@@ -338,6 +360,7 @@ static int sp_give_up(coll__span_p2p_t *p, sp_op_t *op, int rc) {
   if (p->c && sp_failed(p) == 0)
     sp_fail(p, rc == COLL_EINTERRUPTED ? COLL_EPEERLOST : rc, "rank %d gave up a point-to-point %s that was under "
             "way between nodes; the communicator is closed", op->send ? "send" : "receive");
+  if (!op->t.done) sp_drop_endpoint(p);
   sp_finish(p, op, rc);
   return rc;
 }
@@ -458,7 +481,7 @@ static void sp_req_free(void *opv) {
   pthread_mutex_lock(&p->lock);
   while (!sp_settled(op)) {
     int rc = p->c ? sp_wait(p, op, sp_until(p->c, -1), 1) : COLL_EABORTED;
-    if (rc && rc != -ETIMEDOUT) sp_give_up(p, op, rc);
+    if (rc) sp_give_up(p, op, rc); /* a timeout too: nobody waits for this one any more */
   }
   sp_release(p, op);
   sp_unref(p);

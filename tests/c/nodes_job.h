@@ -26,6 +26,7 @@ typedef struct {
   job_fn fn;
   int victim;        /* the rank that kills itself, -1 none */
   int only_node0;    /* node 1 never starts: the rendezvous fails */
+  const char *timeout; /* HBMCOLL_TIMEOUT (NULL: 60 s, 12 with only_node0) */
 } scenario_t;
 
 /* A rank: the variables of hbmcoll-run, then coll_job_create and the scenario. */
@@ -42,7 +43,7 @@ static int run_rank(const scenario_t *s, int node, int local, int port, char *er
   setenv("HBMCOLL_MASTER", "10.77.0.1", 1);
   setenv("HBMCOLL_IFACE", "hbnet0", 1);
   setenv("FI_PROVIDER", "tcp", 1);
-  setenv("HBMCOLL_TIMEOUT", s->only_node0 ? "12" : "60", 1);
+  setenv("HBMCOLL_TIMEOUT", s->timeout ? s->timeout : s->only_node0 ? "12" : "60", 1);
   coll_comm_t *c = NULL;
   int rc = coll_job_create(NULL, &c);
   if (rc) {

@@ -13,7 +13,9 @@
  *  - a rank killed (SIGKILL) while the others wait to receive from it, its node mate in no call at all:
  *    COLL_EPEERLOST on both nodes, at once (not at the mate's next call); a 4 MiB isend to it is given up
  *    (its request freed while the provider may still hold it) and the next receive fails at once;
- *  - a split across the nodes has point-to-point of its own (its ranks, its messages).
+ *  - a split across the nodes has point-to-point of its own (its ranks, its messages);
+ *  - an isend nobody receives, freed: given up at the communicator's timeout (no second wait), which
+ *    fails the communicator and closes the endpoint; a pending irecv's free after that ends too.
  * Without root (no namespaces) or libfabric's tcp provider the cases are skips.
  */
 #include <errno.h>
@@ -198,6 +200,39 @@ static int job_killed(coll_comm_t *c, int rank) {
   return 0;
 }
 
+/* HBMCOLL_TIMEOUT is 3 s: an isend nobody receives (posted: the peer is in a call, so the
+ * connection is up), and an irecv nothing matches, freed. The send's free gives up at the timeout
+ * (it used to wait again at every timeout, for ever) and fails the communicator, which closes the
+ * endpoint before the buffer goes back; the receive's free then finds no endpoint to cancel on and
+ * ends with the failure. */
+static int job_given_up(coll_comm_t *c, int rank) {
+  if (rank != 0) { /* rank 2, the peer of both, waits for a message that never comes: its endpoint
+                    * connects and takes the send's announcement, but nothing matches it */
+    int32_t w = 0;
+    if (rank == 2) (void)coll_recv(c, &w, 4, 0, 7, NULL); /* ends when rank 0's failure reaches it */
+    return 0;
+  }
+  size_t n = 4u << 20;
+  char *big = calloc(n, 1);
+  int32_t v = 0;
+  coll_req_t *s = NULL, *r = NULL;
+  int rc = coll_isend(c, big, n, 2, 4, &s);
+  if (rc == 0) rc = coll_irecv(c, &v, 4, 2, 7, &r);
+  if (rc) return free(big), say(rank, "isend/irecv", rc, c);
+  double t0 = now_s();
+  coll_req_free(s);
+  double took = now_s() - t0;
+  free(big);
+  coll_req_free(r);
+  const char *text = "";
+  int failed = coll_comm_error(c, &text);
+  fprintf(stderr, "    rank 0: freed after %.1f s: %s (%s)\n", took, coll_err_name(failed), text ? text : "");
+  if (took > 20 || failed == 0)
+    return fprintf(stderr, "rank 0: the free of a send nobody took: %.1f s, communicator %s\n", took,
+                   coll_err_name(failed)), 1;
+  return 0;
+}
+
 static int job_split(coll_comm_t *c, int rank) {
   coll_comm_t *sub = NULL;
   int rc = coll_comm_split(c, rank % 2, 0, &sub); /* {0, 2} and {1, 3}: across the nodes */
@@ -220,6 +255,7 @@ int main(void) {
       {"truncation, timeout, cancel, 200 in flight", job_faults, -1, 0},
       {"a rank killed while others receive: EPEERLOST", job_killed, 3, 0},
       {"a split across the nodes has its own send/recv", job_split, -1, 0},
+      {"a send nobody takes, freed: given up at the timeout", job_given_up, -1, 0, "3"},
   };
   return scenarios_run(all, sizeof all / sizeof all[0], "point-to-point across emulated nodes", 33000);
 }
