@@ -404,3 +404,24 @@ def test_10_a_read_has_a_default_timeout_and_the_connection_is_made_again(server
     finally:
         os.kill(pid, signal.SIGCONT)
     assert (rb.read() == 4).all()
+
+
+def test_12_a_lock_whose_connection_failed_is_lost_not_written_under(servers):
+    """The connection that holds the lock fails inside `with rb.lock()` (as when a write times out):
+    the server frees the lock at once, another client takes it and writes; the first one's next
+    write finds a new connection that holds no lock, and is refused with PeerLostError instead of
+    going out unfenced. Leaving the block sends no unlock on the dead connection."""
+    addrs = servers(1)
+    rb = hbmcoll.RemoteBuffer("k12", (4,), "int32", servers=addrs, token=TOKEN)
+    rb.write(np.zeros(4, np.int32))
+    with rb.lock(timeout=30, lease=60):
+        rb._parts[0][0].drop()
+        other = hbmcoll.RemoteBuffer("k12", (4,), "int32", servers=addrs, token=TOKEN)
+        with other.lock(timeout=10):  # free already: not after the 60 s lease
+            other.write(np.full(4, 2, np.int32))
+        with pytest.raises(hbmcoll.PeerLostError, match="lock went with it"):
+            rb.write(np.full(4, 1, np.int32))
+    assert list(rb.read()) == [2, 2, 2, 2]
+    with rb.lock(timeout=10):  # taken again on the new connection, fenced as before
+        rb.write(np.full(4, 3, np.int32))
+    assert list(other.read()) == [3, 3, 3, 3]

@@ -169,8 +169,19 @@ class _Connection:
         self.dead = bool(readable)  # (the caller holds _connections_lock, and replaces it)
         return self.dead
 
-    def control(self, msg, timeout=None, until_key=None):
-        """Send msg; the answer (the first that has until_key, when given: the others are dropped)."""
+    def drop(self):
+        """fail(), and the server told at once (the socket shut): it frees this connection's locks,
+        and no answer still on its way can be read as another request's."""
+        self.fail()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def control(self, msg, timeout=None, until_key=None, drains=False):
+        """Send msg; the answer (the first that has until_key, when given: the others are dropped).
+        Answers come in order, so one that came too late would be taken for the next request's: a
+        timeout drops the connection, unless the caller drains the late answer itself (drains)."""
         with self.ctl_lock:
             try:
                 ms.send_msg(self.sock, msg)
@@ -183,6 +194,10 @@ class _Connection:
                 while until_key is not None and until_key not in got:
                     got = self._recv()
                 return got
+            except TimeoutError:
+                if not drains:
+                    self.drop()
+                raise
             finally:
                 self.sock.settimeout(self.timeout or None)
 
@@ -330,6 +345,7 @@ class RemoteBuffer:
                 self._parts.append((conn, got["id"], lo, hi))
                 self._opened.append((got.get("instance"), msg))
         self._calls = InOrder(lambda fn: fn())
+        self._held = threading.local()  # .conn: where this thread took the buffer's lock (_Lock)
 
     def __repr__(self):
         return f"<hbmcoll RemoteBuffer {self.name!r} {self.shape} {self.dtype} on {len(self._parts)} server(s)>"
@@ -370,7 +386,9 @@ class RemoteBuffer:
         return chunks or [(op, bid, 0, 0, ms.FIRST | ms.LAST | flags | code, None, None, alpha, fence, wid)]
 
     def _fence(self):
-        """The lock's token when this thread holds the buffer's lock, else 0."""
+        """The lock's token when this thread holds the buffer's lock, else 0; PeerLostError when it
+        took the lock on a connection that failed since (the server let the lock go with it)."""
+        _lock_lost(self, self._parts[0][0])
         local = self._parts[0][0].local_locks.get(self._parts[0][1])
         return local[2] if local and local[1] and local[0]._is_owned() else 0
 
@@ -482,6 +500,17 @@ class RemoteBuffer:
         return _Lock(self, timeout, lease)
 
 
+def _lock_lost(rb, conn):
+    """Raise when this thread holds rb's lock, taken on a connection other than conn: that one
+    failed, the server let the lock go with it, and another process may hold it now. Writing
+    unfenced (the new connection holds no lock) would land as if it were still held."""
+    held = getattr(rb._held, "conn", None)
+    if held is not None and held is not conn:
+        raise PeerLostError(f"RemoteBuffer {rb.name!r}: the connection to {held.addr} that held this buffer's lock "
+                            "failed, and the lock went with it (another process may hold it now); nothing was "
+                            "written: leave the `with rb.lock()` block and take the lock again")
+
+
 class _Lock:
     """The server grants a lock to a connection, which this process's threads share: a thread
     first takes the process's own lock of the buffer (reentrant: a holder's striped write takes
@@ -496,13 +525,14 @@ class _Lock:
 
     def __enter__(self):
         self.conn, self.bid = conn, bid = self.rb._live()[0][:2]
+        _lock_lost(self.rb, conn)  # held already (a striped write's own lock), on a connection gone since
         with conn.ctl_lock:
             local = conn.local_locks.setdefault(bid, [threading.RLock(), 0, 0])
         if not local[0].acquire(timeout=-1 if self.timeout is None else self.timeout):
             raise TimeoutError(f"RemoteBuffer {self.rb.name!r}: the lock was not free within {self.timeout} s")
         if local[1] == 0:
             try:
-                got = conn.control({"op": "lock", "id": bid, "lease": self.lease}, timeout=self.timeout)
+                got = conn.control({"op": "lock", "id": bid, "lease": self.lease}, timeout=self.timeout, drains=True)
             except TimeoutError:
                 local[0].release()
                 conn.control({"op": "cancel", "id": bid}, until_key="cancelled")  # a late grant is dropped
@@ -513,7 +543,14 @@ class _Lock:
             if "error" in got:
                 local[0].release()
                 raise Error(f"RemoteBuffer {self.rb.name!r}: lock: {got['error']}")
-            local[2] = got.get("token", 0)
+            token = got.get("token")
+            if type(token) is not int or token <= 0:  # not a grant: answers out of step
+                local[0].release()
+                conn.drop()
+                raise Error(f"RemoteBuffer {self.rb.name!r}: lock: the server's answer {got!r} is no grant; "
+                            "the connection was dropped")
+            local[2] = token
+            self.rb._held.conn = conn
         local[1] += 1
         return self
 
@@ -521,13 +558,14 @@ class _Lock:
         local = self.conn.local_locks[self.bid]
         local[1] -= 1
         try:
-            if local[1] == 0:
+            if local[1] == 0 and not self.conn.dead:  # a connection gone took the lock with it
                 got = self.conn.control({"op": "unlock", "id": self.bid, "token": local[2]})
                 if "error" in got and exc[0] is None:
                     raise Error(f"RemoteBuffer {self.rb.name!r}: unlock: {got['error']}")
         finally:
             if local[1] == 0:
                 local[2] = 0
+                self.rb._held.conn = None
             local[0].release()
 
 
