@@ -425,6 +425,36 @@ def test_hbmcoll_run_starts_servers_beside_the_job():
             socket.create_connection((host, int(port)), timeout=5).close()
 
 
+def test_servers_beside_the_job_that_log_before_their_ready_line(monkeypatch):
+    # libfabric's logs (FI_LOG_LEVEL) come before the server's ready line, and go on while it runs:
+    # they are passed on, the servers start, and nothing blocks on a full pipe
+    from hbmcoll.memserver import server
+    env = {k: v for k, v in ENV.items() if not k.startswith("HBMCOLL_TOKEN")}
+    code = ("import hbmcoll.memserver.server as s, sys\n"
+            "procs, addrs, stop = s.start_beside(2, '127.0.0.1', [0, 0], 'x' * 32, '4M')\n"
+            "print('ready', addrs, flush=True); stop()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(env, FI_LOG_LEVEL="info"))
+    assert p.returncode == 0 and p.stdout.startswith("ready 127.0.0.1:"), p.stdout + p.stderr[-3000:]
+    assert "libfabric:" in p.stderr and p.stderr.count("hbmcoll-memserver: 4194304 bytes") == 2, p.stderr[-3000:]
+    monkeypatch.setattr(server, "READY_S", 0.5)  # a server that never says it is ready: refused in time
+    with pytest.raises(SystemExit, match="no ready line in 0.5 s"):
+        _never_ready(server)
+
+
+def _never_ready(server):
+    """A child that writes a line and then nothing, read as start_beside reads a server."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; print('a warning', file=sys.stderr, flush=True); "
+                          "time.sleep(30)"], stderr=subprocess.PIPE, text=True)
+    try:
+        reader = server._Stderr(p)
+        reader.start()
+        reader.ready_line("127.0.0.1:1")
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_hbmcoll_run_servers_across_nodes(emulated_nodes):
     import netnodes
     nodes = emulated_nodes(2)

@@ -39,11 +39,13 @@ import collections
 import hmac
 import json
 import os
+import queue
 import secrets
 import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -342,6 +344,46 @@ def placed_pool(memory, nbytes):
     return f"pool in {kind} (node {pool.node}){why}", pool
 
 
+READY_S = 120  # the longest a server beside the job may take to print its ready line
+
+
+class _Stderr(threading.Thread):
+    """A child server's stderr, read for as long as it runs: the lines before its ready line are
+    kept for the caller (libfabric's logs with FI_LOG_LEVEL, warnings), every line after goes
+    on to ours, so a server that writes never blocks on a full pipe."""
+
+    def __init__(self, p):
+        super().__init__(daemon=True)
+        self.p, self.lines, self.ready = p, queue.Queue(), False
+
+    def run(self):
+        for line in self.p.stderr:
+            if self.ready:
+                sys.stderr.write(line)
+                continue
+            self.ready = " bytes for buffers at " in line
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def ready_line(self, where):
+        """The ready line; the others before it passed on; SystemExit when the server ends or
+        takes longer than READY_S."""
+        until, seen = time.monotonic() + READY_S, []
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                line = "" if time.monotonic() >= until else None
+            if line is None or line == "":
+                late = f"no ready line in {READY_S} s" if line == "" else "it ended"
+                raise SystemExit(f"hbmcoll-run: a memory server at {where} did not start ({late}): "
+                                 f"{''.join(seen)[-2000:]}")
+            if " bytes for buffers at " in line:
+                return line
+            seen.append(line)
+            sys.stderr.write(line)
+
+
 def start_beside(k, host, ports, token, capacity="1G"):
     """k servers as child processes on host (ports: k numbers, 0 for a free one), each ready (its
     line printed) before this returns: (processes, "host:port,...", stop()). hbmcoll-run's
@@ -376,11 +418,9 @@ def start_beside(k, host, ports, token, capacity="1G"):
                                   "--token-file", os.path.join(where, "token"), "--capacity", str(capacity)],
                                  stderr=subprocess.PIPE, text=True)
             procs.append(p)
-            line = p.stderr.readline()
-            if " bytes for buffers at " not in line:
-                raise SystemExit(f"hbmcoll-run: a memory server at {netaddr.join(netaddr.strip(host), port)} did not start: {line.strip()}"
-                                 f"{p.stderr.read()[-2000:]}")
-            sys.stderr.write(line)
+            reader = _Stderr(p)
+            reader.start()
+            sys.stderr.write(reader.ready_line(netaddr.join(netaddr.strip(host), port)))
             addrs.append(netaddr.join(netaddr.strip(host), port))
     except BaseException:
         stop()
