@@ -82,6 +82,9 @@ static int tagged_open(void *arg) {
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_SAFE;
+    /* messages between a pair match in the order sent (MPI's non-overtaking): asked of the provider,
+     * not left to how rxm happens to use one connection per pair */
+    hints->tx_attr->msg_order = hints->rx_attr->msg_order = FI_ORDER_SAS;
     if (a->iface && (hints->domain_attr->name = strdup(a->iface)) == NULL) rc = -ENOMEM;
   }
   for (int v = 0; rc == 0 && v < 2; v++) { /* the senders' addresses where the provider has them */
@@ -93,7 +96,7 @@ static int tagged_open(void *arg) {
     else break;
   }
   if (rc && rc != -ENOMEM) {
-    snprintf(err, errlen, "no libfabric provider offers RDM endpoints with tagged messages%s%s (%s); "
+    snprintf(err, errlen, "no libfabric provider offers RDM endpoints with tagged messages in order%s%s (%s); "
              "`fi_info -t FI_EP_RDM -c FI_TAGGED` lists what this machine has", a->iface ? " on interface " : "",
              a->iface ? a->iface : "", coll__net_fi.strerror(-rc));
     rc = rc == -FI_ENODATA ? COLL_ENOTSUP : rc;
