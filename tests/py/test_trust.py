@@ -259,7 +259,8 @@ def test_squatted_private_directory_costs_a_line_not_the_job(tmp_path):
     assert not list(squatted.iterdir())
 
 
-def test_member_without_rank_0_honours_the_timeout():
+def _lone_member(**env):
+    """Local rank 1 of 2 with no rank 0 and HBMCOLL_TIMEOUT=1: what it prints."""
     code = textwrap.dedent("""
         import hbmcoll
         try:
@@ -268,24 +269,20 @@ def test_member_without_rank_0_honours_the_timeout():
             print("timeout:", e)""")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=_env(PMI_RANK="1", PMI_SIZE="2", PMI_FD="9", MPI_LOCALRANKID="1",
-                                  MPI_LOCALNRANKS="2", HBMCOLL_TIMEOUT="1"))
-    assert "timeout: local rank 1 found no rank 0" in res.stdout, res.stdout + res.stderr
+                                  MPI_LOCALNRANKS="2", HBMCOLL_TIMEOUT="1", **env))
+    return res.stdout + res.stderr
+
+
+def test_member_without_rank_0_honours_the_timeout():
+    out = _lone_member()
+    assert "timeout: local rank 1 found no rank 0" in out, out
 
 
 def test_the_job_key_is_a_secret_errors_never_show():
     # HBMCOLL_JOB_KEY joins nodes (the proofs of nodes_meet.c are keyed with it): a timeout's
     # message, which lands in batch logs, counts its characters instead
-    code = textwrap.dedent("""
-        import hbmcoll
-        try:
-            hbmcoll.init()
-        except TimeoutError as e:
-            print("timeout:", e)""")
     secret = "s3cr3t-job-key-7f21"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=_env(PMI_RANK="1", PMI_SIZE="2", PMI_FD="9", MPI_LOCALRANKID="1",
-                                  MPI_LOCALNRANKS="2", HBMCOLL_TIMEOUT="1", HBMCOLL_JOB_KEY=secret))
-    out = res.stdout + res.stderr
+    out = _lone_member(HBMCOLL_JOB_KEY=secret)
     assert f"key.<HBMCOLL_JOB_KEY, {len(secret)} characters>/" in out, out
     assert secret not in out, out
 
