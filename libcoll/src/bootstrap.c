@@ -99,7 +99,7 @@ static socklen_t boot_address(const char *key, const boot_t *b, struct sockaddr_
 static const char *boot_key_shown(const char *key, char *out, size_t len) {
   const char *at = strstr(key, ".key.");
   if (at == NULL) return key;
-  const char *secret = at + 5, *end = strchr(secret, '/');
+  const char *secret = at + 5, *end = strrchr(secret, '/'); /* the suffixes have no '/'; a secret may */
   size_t n = end ? (size_t)(end - secret) : strlen(secret);
   snprintf(out, len, "%.*s<HBMCOLL_JOB_KEY, %zu characters>%s", (int)(secret - key), key, n, end ? end : "");
   return out;

@@ -69,6 +69,7 @@ struct coll__span_p2p {
   uint64_t token;
   coll_comm_t *c; /* NULL once freed */
   int refs, inside;
+  int doomed; /* sp_drop_endpoint: nobody drives the provider any more; the last waiter closes it */
   sp_op_t *live;
   sp_op_t *qhead, *qtail;
   sp_op_t *orphans; /* freed once their completion came, or the endpoint closed */
@@ -167,6 +168,17 @@ static void sp_release(coll__span_p2p_t *p, sp_op_t *op) {
   }
 }
 
+/* The endpoint closes: what was in flight is dropped, no buffer is touched after this. */
+static void sp_close_endpoint(coll__span_p2p_t *p) {
+  coll__tagged_close(p->ep);
+  p->ep = NULL;
+  while (p->orphans) {
+    sp_op_t *o = p->orphans;
+    p->orphans = o->onext;
+    free(o);
+  }
+}
+
 /* The communicator's failure (a lost node or rank, any failed call), 0 while it goes on. */
 static int sp_failed(coll__span_p2p_t *p) {
   if (p->c == NULL) return COLL_EABORTED;
@@ -209,7 +221,7 @@ static int sp_post(coll__span_p2p_t *p, sp_op_t *op) {
 /* Read completions, post what waits to be posted, in order: 0 or the communicator's failure. */
 static int sp_progress(coll__span_p2p_t *p) {
   char err[COLL__NODES_TEXT] = "";
-  if (p->ep == NULL) return p->c ? sp_failed(p) : COLL_EABORTED; /* dropped: the communicator failed */
+  if (p->ep == NULL || p->doomed) return p->c ? sp_failed(p) : COLL_EABORTED; /* dropped: it failed */
   int rc = coll__tagged_poll(p->ep, err, sizeof err);
   for (sp_op_t **at = &p->orphans; *at;) { /* what the provider is done with now */
     sp_op_t *o = *at;
@@ -306,7 +318,10 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
       rc = sp_fail(p, COLL_EPEERLOST, "rank %d: the connection to the job's other nodes closed (%s): a node went "
                    "away or the communicator failed there", op->send ? "sending" : "receiving");
   }
-  if (--p->inside == 0) pthread_cond_broadcast(&p->idle);
+  if (--p->inside == 0) {
+    if (p->doomed && p->ep) sp_close_endpoint(p); /* sp_drop_endpoint left it to the last waiter */
+    pthread_cond_broadcast(&p->idle);
+  }
   return sp_settled(op) ? 0 : rc;
 }
 
@@ -317,21 +332,15 @@ static double sp_until(coll_comm_t *c, double timeout_s) {
 }
 
 /* The communicator failed with an operation still in the provider's hands (a send under way, a
- * receive being filled), whose buffer its caller is about to get back: the endpoint closes first, so
- * nothing reads or writes that buffer afterwards. Other waiters leave first (the failure ends their
- * waits within a slice); nothing more is posted on a failed communicator, and the orphans go. */
+ * receive being filled), whose buffer its caller is about to get back. From now on nobody drives
+ * the provider (doomed: tcp's progress is manual, so it moves no byte unless called), and the
+ * endpoint closes now, or, where other threads are in their waits (the failure ends them within a
+ * slice), as the last of them leaves: no thread waits here for another. */
 static void sp_drop_endpoint(coll__span_p2p_t *p) {
   if (p->ep == NULL) return;
+  p->doomed = 1;
   if (p->inside > 0) coll__tagged_signal(p->ep);
-  while (p->inside > 0) pthread_cond_wait(&p->idle, &p->lock);
-  if (p->ep == NULL) return; /* another thread dropped it meanwhile */
-  coll__tagged_close(p->ep);
-  p->ep = NULL;
-  while (p->orphans) {
-    sp_op_t *o = p->orphans;
-    p->orphans = o->onext;
-    free(o);
-  }
+  else sp_close_endpoint(p);
 }
 
 /* A wait that ended in rc: withdraw op. A receive is cancelled (it may have matched meanwhile:
@@ -343,7 +352,7 @@ static int sp_give_up(coll__span_p2p_t *p, sp_op_t *op, int rc) {
     sp_finish(p, op, rc);
     return rc;
   }
-  if (!op->send && p->ep && coll__tagged_cancel(p->ep, &op->t) == 0) {
+  if (!op->send && p->ep && !p->doomed && coll__tagged_cancel(p->ep, &op->t) == 0) {
     double until = sp_now() + SP_CANCEL_S;
     while (!op->t.done && sp_now() < until) {
       char err[COLL__NODES_TEXT];
@@ -461,7 +470,7 @@ static int sp_req_cancel(void *opv) {
     sp_unqueue(p, op);
     sp_finish(p, op, -ECANCELED);
     rc = 0;
-  } else if (!op->send && p->ep && coll__tagged_cancel(p->ep, &op->t) == 0) {
+  } else if (!op->send && p->ep && !p->doomed && coll__tagged_cancel(p->ep, &op->t) == 0) {
     double until = sp_now() + SP_CANCEL_S;
     char err[COLL__NODES_TEXT];
     while (!op->t.done && sp_now() < until && coll__tagged_poll(p->ep, err, sizeof err) >= 0) continue;
@@ -538,12 +547,6 @@ void coll__span_p2p_close(coll__span_p2p_t *p) {
   while (p->inside > 0) pthread_cond_wait(&p->idle, &p->lock);
   while (p->live) sp_finish(p, p->live, COLL_EABORTED);
   p->qhead = p->qtail = NULL;
-  coll__tagged_close(p->ep); /* what was in flight is dropped: no buffer is touched after this */
-  p->ep = NULL;
-  while (p->orphans) {
-    sp_op_t *o = p->orphans;
-    p->orphans = o->onext;
-    free(o);
-  }
+  sp_close_endpoint(p);
   sp_unref(p);
 }

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -414,13 +415,24 @@ def test_12_a_lock_whose_connection_failed_is_lost_not_written_under(servers):
     addrs = servers(1)
     rb = hbmcoll.RemoteBuffer("k12", (4,), "int32", servers=addrs, token=TOKEN)
     rb.write(np.zeros(4, np.int32))
-    with rb.lock(timeout=30, lease=60):
-        rb._parts[0][0].drop()
-        other = hbmcoll.RemoteBuffer("k12", (4,), "int32", servers=addrs, token=TOKEN)
+    other = hbmcoll.RemoteBuffer("k12", (4,), "int32", servers=addrs, token=TOKEN)
+    took = []
+
+    def another_thread():  # another holder (a thread: the lock is this thread's, on every handle)
         with other.lock(timeout=10):  # free already: not after the 60 s lease
             other.write(np.full(4, 2, np.int32))
+            took.append(True)
+
+    with rb.lock(timeout=30, lease=60):
+        rb._parts[0][0].drop()
+        t = threading.Thread(target=another_thread)
+        t.start()
+        t.join(30)
+        assert took
         with pytest.raises(hbmcoll.PeerLostError, match="lock went with it"):
             rb.write(np.full(4, 1, np.int32))
+        with pytest.raises(hbmcoll.PeerLostError, match="lock went with it"):  # through any handle of it
+            other.write(np.full(4, 1, np.int32))
     assert list(rb.read()) == [2, 2, 2, 2]
     with rb.lock(timeout=10):  # taken again on the new connection, fenced as before
         rb.write(np.full(4, 3, np.int32))

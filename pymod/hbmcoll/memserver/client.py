@@ -345,7 +345,6 @@ class RemoteBuffer:
                 self._parts.append((conn, got["id"], lo, hi))
                 self._opened.append((got.get("instance"), msg))
         self._calls = InOrder(lambda fn: fn())
-        self._held = threading.local()  # .conn: where this thread took the buffer's lock (_Lock)
 
     def __repr__(self):
         return f"<hbmcoll RemoteBuffer {self.name!r} {self.shape} {self.dtype} on {len(self._parts)} server(s)>"
@@ -500,11 +499,22 @@ class RemoteBuffer:
         return _Lock(self, timeout, lease)
 
 
+_held = threading.local()  # .locks: {(server address, buffer name): the connection this thread locked it on}
+
+
+def _holds(conn, name):
+    """This thread's record of the buffer locks it holds (every handle of a buffer shares it)."""
+    if not hasattr(_held, "locks"):
+        _held.locks = {}
+    return _held.locks, (conn.addr, name)
+
+
 def _lock_lost(rb, conn):
     """Raise when this thread holds rb's lock, taken on a connection other than conn: that one
     failed, the server let the lock go with it, and another process may hold it now. Writing
     unfenced (the new connection holds no lock) would land as if it were still held."""
-    held = getattr(rb._held, "conn", None)
+    locks, key = _holds(conn, rb.name)
+    held = locks.get(key)
     if held is not None and held is not conn:
         raise PeerLostError(f"RemoteBuffer {rb.name!r}: the connection to {held.addr} that held this buffer's lock "
                             "failed, and the lock went with it (another process may hold it now); nothing was "
@@ -550,7 +560,8 @@ class _Lock:
                 raise Error(f"RemoteBuffer {self.rb.name!r}: lock: the server's answer {got!r} is no grant; "
                             "the connection was dropped")
             local[2] = token
-            self.rb._held.conn = conn
+            locks, key = _holds(conn, self.rb.name)
+            locks[key] = conn
         local[1] += 1
         return self
 
@@ -558,14 +569,17 @@ class _Lock:
         local = self.conn.local_locks[self.bid]
         local[1] -= 1
         try:
-            if local[1] == 0 and not self.conn.dead:  # a connection gone took the lock with it
+            if local[1] == 0 and self.conn.dead:  # failed (a timeout): the server frees the lock as it closes
+                self.conn.drop()
+            elif local[1] == 0:
                 got = self.conn.control({"op": "unlock", "id": self.bid, "token": local[2]})
                 if "error" in got and exc[0] is None:
                     raise Error(f"RemoteBuffer {self.rb.name!r}: unlock: {got['error']}")
         finally:
             if local[1] == 0:
                 local[2] = 0
-                self.rb._held.conn = None
+                locks, key = _holds(self.conn, self.rb.name)
+                locks.pop(key, None)
             local[0].release()
 
 

@@ -359,7 +359,10 @@ class _Stderr(threading.Thread):
     def run(self):
         for line in self.p.stderr:
             if self.ready:
-                sys.stderr.write(line)
+                try:
+                    sys.stderr.write(line)
+                except (OSError, ValueError):  # our stderr is gone: the pipe is still drained
+                    pass
                 continue
             self.ready = " bytes for buffers at " in line
             self.lines.put(line)
@@ -416,7 +419,7 @@ def start_beside(k, host, ports, token, capacity="1G"):
                     port = s.getsockname()[1]
             p = subprocess.Popen([sys.executable, "-m", "hbmcoll.memserver", "--listen", netaddr.join(netaddr.strip(host), port),
                                   "--token-file", os.path.join(where, "token"), "--capacity", str(capacity)],
-                                 stderr=subprocess.PIPE, text=True)
+                                 stderr=subprocess.PIPE, text=True, errors="replace")
             procs.append(p)
             reader = _Stderr(p)
             reader.start()
