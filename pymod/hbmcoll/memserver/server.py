@@ -345,6 +345,7 @@ def placed_pool(memory, nbytes):
 
 
 READY_S = 120  # the longest a server beside the job may take to print its ready line
+READY = " bytes for buffers at "  # in a server's ready line (main's describe)
 
 
 class _Stderr(threading.Thread):
@@ -364,7 +365,7 @@ class _Stderr(threading.Thread):
                 except (OSError, ValueError):  # our stderr is gone: the pipe is still drained
                     pass
                 continue
-            self.ready = " bytes for buffers at " in line
+            self.ready = READY in line
             self.lines.put(line)
         self.lines.put(None)
 
@@ -376,12 +377,12 @@ class _Stderr(threading.Thread):
             try:
                 line = self.lines.get(timeout=max(0.0, until - time.monotonic()))
             except queue.Empty:
-                line = "" if time.monotonic() >= until else None
-            if line is None or line == "":
-                late = f"no ready line in {READY_S} s" if line == "" else "it ended"
-                raise SystemExit(f"hbmcoll-run: a memory server at {where} did not start ({late}): "
+                line = False
+            if not line:  # None: its stderr ended
+                why = "it ended" if line is None else f"no ready line in {READY_S} s"
+                raise SystemExit(f"hbmcoll-run: a memory server at {where} did not start ({why}): "
                                  f"{''.join(seen)[-2000:]}")
-            if " bytes for buffers at " in line:
+            if READY in line:
                 return line
             seen.append(line)
             sys.stderr.write(line)
