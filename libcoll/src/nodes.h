@@ -180,7 +180,8 @@ int coll__nodes_open(coll_comm_t *node, const char *iface, int family, size_t po
  * that names the address, port and node where it applies. */
 int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm_t **comm_p, char *err,
                      size_t errlen);
-#define COLL__NODES_PROTOCOL 3 /* what the C nodes say to each other; raised at every change */
+#define COLL__NODES_PROTOCOL 4 /* what the C nodes say to each other; raised at every change */
+#define COLL__NODES_KEY_MIN 16 /* characters of a job's secret across nodes: fewer could be guessed */
 #define COLL__NODES_POOL (4u << 20)
 
 /* ---- nodes_env.c: the launcher's variables ---- */

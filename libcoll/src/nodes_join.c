@@ -246,6 +246,14 @@ int coll__nodes_join(coll_comm_t *node, const coll__nodes_join_t *cfg, coll_comm
                             .warn_arg = node->warn_arg, .interrupt = node->interrupt_fn,
                             .interrupt_arg = node->interrupt_arg, .listener = l == 0 ? cfg->listener : 0};
   coll_args_t a = {.kind = COLL_ALLGATHER, .dtype = COLL_INT32, .count = 1, .send = &me32, .recv = ranks};
+  if (strlen(cfg->secret) < COLL__NODES_KEY_MIN) { /* every rank says so at once, alike */
+    free(ranks);
+    if (cfg->node_back) *cfg->node_back = node; /* every local rank fails alike: none waits */
+    else coll_comm_free(node);
+    snprintf(err, errlen, "the job's secret (HBMCOLL_JOB_KEY) has %zu characters: across nodes it needs %d or more, "
+             "random and the same on every node (e.g. `openssl rand -hex 16`)", strlen(cfg->secret), COLL__NODES_KEY_MIN);
+    return COLL_EBADARG;
+  }
   if (ranks == NULL) rc = -ENOMEM, snprintf(err, errlen, "out of memory");
   else if ((rc = coll_run(node, &a)) != 0) snprintf(err, errlen, "the node's ranks could not swap their ranks: %s",
                                                     coll_strerror(rc));

@@ -2,19 +2,25 @@
  * nodes_meet.c - the rendezvous of nodes: member 0 listens on TCP at
  * (addr, port); every other member connects, and both sides prove they hold the job's secret
  * before anything else crosses (HMAC-SHA256 over fresh nonces of both, so neither the secret nor a
- * replayable answer is ever sent). Each member then sends its blob, and once complete() says all
- * came, member 0 answers every member with all blobs, or with the one error that ends the job. A
- * peer that cannot prove the secret is refused and never sees a blob. Member 0 serves every
- * connection at once (one poll), each with its own deadline and size limit: a stranger that
- * connects and says nothing is dropped and delays nobody. The connections stay open (nodes_watch.c).
+ * replayable answer is ever sent). The member that connects proves first: a stranger who connects
+ * to member 0 gets a nonce and nothing keyed, so it has nothing to guess a weak secret against
+ * offline (only one who took member 0's address could get a proof). A member sends its blob only
+ * to a member 0 that proved itself; once complete() says all came, member 0 answers every member
+ * with all blobs, or with the one error that ends the job. A peer that cannot prove the secret is
+ * refused and never sees a blob. Member 0 serves every connection at once (one poll), each with its own deadline and size
+ * limit: a stranger that connects and says nothing is dropped and delays nobody. The connections
+ * stay open (nodes_watch.c).
  *
  *   member k -> 0: MAGIC, k (u32), nonce_k (32 B)
- *   0 -> k:        nonce_0, HMAC(secret, "server" nonce_k nonce_0)
- *   k -> 0:        HMAC(secret, "client" nonce_0 nonce_k MAGIC k blob), len (u32), blob
+ *   0 -> k:        nonce_0
+ *   k -> 0:        HMAC(secret, "client" nonce_0 nonce_k MAGIC k)
+ *   0 -> k:        'P', HMAC(secret, "server" nonce_k nonce_0); or 'R' and 32 zero bytes (refused)
+ *   k -> 0:        len (u32), blob, HMAC(secret, "blob" nonce_0 nonce_k MAGIC k blob)
  *   0 -> k:        len (u32), then 'O' and every (member u32, len u32, blob), or 'E' and a sentence
- * Integers are big-endian. The magic ("HBMC1") changes with the blobs' format, so nodes that cannot
- * read each other are refused at once instead of misreading each other. Member 0 may be handed a
- * socket that listens already (how->listener: the Python package's groups pick their own ports).
+ * Integers are big-endian. The magic ("HBMC2") changes with the blobs' format or the exchange, so
+ * nodes that cannot read each other are refused at once instead of misreading each other. Member 0
+ * may be handed a socket that listens already (how->listener: the Python package's groups pick
+ * their own ports).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,7 +40,7 @@
 
 #include "nodes.h"
 
-#define MEET_MAGIC "HBMC1"
+#define MEET_MAGIC "HBMC2"
 #define MEET_MAGIC_LEN 6 /* with its NUL */
 #define MEET_NONCE 32
 #define MEET_HEAD (MEET_MAGIC_LEN + 4 + MEET_NONCE)
@@ -152,7 +158,7 @@ typedef struct {
   double deadline;
   uint8_t *got;
   size_t len, cap;
-  int answered; /* member 0's nonce and proof went out */
+  int step; /* 1: member 0's nonce went out; 2: its proof too (the member proved the secret) */
   uint8_t nonce[MEET_NONCE];
   char peer[64];
 } meet_shake_t;
@@ -186,23 +192,47 @@ static void meet_refused(const meet_serve_t *s, char *out, size_t len) {
     out[len - 1] = '\0'; /* cut to fit */
 }
 
+/* The handshake that goes for a newcomer from peer when all are taken: the oldest of the address
+ * holding the most (the newcomer counted), so a stranger connecting non-stop pushes out its own
+ * connections, not the members'; -1: the newcomer itself (every address holds as few). */
+static int meet_crowding(const meet_serve_t *s, const char *peer) {
+  int most = 1, victim = -1; /* the newcomer's own count, at least */
+  for (int k = 0; k < s->nshakes; k++) {
+    int held = 0, oldest = k;
+    for (int j = 0; j < s->nshakes; j++)
+      if (strcmp(s->shakes[j].peer, s->shakes[k].peer) == 0) {
+        held++;
+        if (s->shakes[j].deadline < s->shakes[oldest].deadline) oldest = j;
+      }
+    held += strcmp(peer, s->shakes[k].peer) == 0;
+    if (held > most) most = held, victim = oldest;
+  }
+  return victim;
+}
+
 static void meet_accept(meet_serve_t *s, int srv) {
   struct sockaddr_storage from;
   socklen_t fl = sizeof from;
+  char peer[64];
   int fd = accept4(srv, (struct sockaddr *)&from, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return; /* out of descriptors, say: the others come again later */
-  if (s->nshakes >= MEET_MAX_SHAKES) { /* a flood of strangers: members connect again */
-    close(fd);
-    return;
+  if (from.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, peer, sizeof peer);
+  else
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, peer, sizeof peer);
+  if (s->nshakes >= MEET_MAX_SHAKES) { /* a flood: members connect again */
+    int victim = meet_crowding(s, peer);
+    if (victim < 0) {
+      close(fd);
+      return;
+    }
+    meet_drop(s, victim, NULL);
   }
   meet_keepalive(fd);
   meet_shake_t *h = &s->shakes[s->nshakes++];
   memset(h, 0, sizeof *h);
   h->fd = fd, h->deadline = meet_now() + MEET_HANDSHAKE_S;
-  if (from.ss_family == AF_INET6)
-    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, h->peer, sizeof h->peer);
-  else
-    inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, h->peer, sizeof h->peer);
+  snprintf(h->peer, sizeof h->peer, "%s", peer);
 }
 
 /* Feed connection k what came: 1 when it proved the secret and its blob is in, 0 while more
@@ -210,36 +240,43 @@ static void meet_accept(meet_serve_t *s, int srv) {
 static int meet_feed(meet_serve_t *s, int k) {
   meet_shake_t *h = &s->shakes[k];
   if (h->cap - h->len < 65536) {
-    size_t cap = h->cap ? h->cap * 2 : 65536 + MEET_HEAD + 36;
+    size_t cap = h->cap ? h->cap * 2 : 65536 + MEET_HEAD + 68;
     uint8_t *p = realloc(h->got, cap);
     if (p == NULL) return meet_drop(s, k, NULL), -1;
     h->got = p, h->cap = cap;
   }
   ssize_t got = recv(h->fd, h->got + h->len, h->cap - h->len, MSG_DONTWAIT);
   if (got < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
-  if (got <= 0)
-    return meet_drop(s, k, h->answered ? "it hung up on member 0's proof of the job's secret (another "
-                                         "HBMCOLL_JOB_KEY?)" : NULL), -1;
+  if (got <= 0) return meet_drop(s, k, NULL), -1;
   h->len += (size_t)got;
   if (h->len < MEET_HEAD) return 0;
-  if (!h->answered) {
-    if (memcmp(h->got, MEET_MAGIC, MEET_MAGIC_LEN) != 0) return meet_drop(s, k, NULL), -1;
-    uint8_t reply[2 * MEET_NONCE];
-    if (getrandom(h->nonce, MEET_NONCE, 0) != MEET_NONCE) return meet_drop(s, k, NULL), -1;
-    memcpy(reply, h->nonce, MEET_NONCE);
-    meet_proof(s->secret, "server", h->got + MEET_MAGIC_LEN + 4, h->nonce, NULL, NULL, 0, reply + MEET_NONCE);
-    if (meet_send(h->fd, reply, sizeof reply) != 0) return meet_drop(s, k, NULL), -1;
-    h->answered = 1;
-  }
-  const uint8_t *rest = h->got + MEET_HEAD;
+  const uint8_t *nonce_k = h->got + MEET_MAGIC_LEN + 4, *rest = h->got + MEET_HEAD;
   size_t have = h->len - MEET_HEAD;
+  if (h->step == 0) { /* a nonce, and nothing keyed: the one who connects proves first */
+    if (memcmp(h->got, MEET_MAGIC, MEET_MAGIC_LEN) != 0) return meet_drop(s, k, NULL), -1;
+    if (getrandom(h->nonce, MEET_NONCE, 0) != MEET_NONCE) return meet_drop(s, k, NULL), -1;
+    if (meet_send(h->fd, h->nonce, MEET_NONCE) != 0) return meet_drop(s, k, NULL), -1;
+    h->step = 1;
+  }
+  if (have < 32) return 0;
+  uint8_t want[32], answer[1 + 32] = {'R'};
+  if (h->step == 1) {
+    meet_proof(s->secret, "client", h->nonce, nonce_k, h->got, (const uint8_t *)"", 0, want);
+    if (!meet_same(want, rest, 32)) {
+      (void)meet_send(h->fd, answer, sizeof answer); /* told, so it does not wait for its timeout */
+      return meet_drop(s, k, "it does not hold the job's secret (another HBMCOLL_JOB_KEY?)"), -1;
+    }
+    answer[0] = 'P';
+    meet_proof(s->secret, "server", nonce_k, h->nonce, NULL, NULL, 0, answer + 1);
+    if (meet_send(h->fd, answer, sizeof answer) != 0) return meet_drop(s, k, NULL), -1;
+    h->step = 2;
+  }
   if (have < 36) return 0;
   uint32_t n = meet_get32(rest + 32);
-  if (n > MEET_BLOB_LIMIT || have > 36 + (size_t)n) return meet_drop(s, k, NULL), -1;
-  if (have < 36 + (size_t)n) return 0;
-  uint8_t want[32];
-  meet_proof(s->secret, "client", h->nonce, h->got + MEET_MAGIC_LEN + 4, h->got, rest + 36, n, want);
-  if (!meet_same(want, rest, 32)) return meet_drop(s, k, "it does not hold the job's secret"), -1;
+  if (n > MEET_BLOB_LIMIT || have > 68 + (size_t)n) return meet_drop(s, k, NULL), -1;
+  if (have < 68 + (size_t)n) return 0;
+  meet_proof(s->secret, "blob", h->nonce, nonce_k, h->got, rest + 36, n, want);
+  if (!meet_same(want, rest + 36 + n, 32)) return meet_drop(s, k, NULL), -1; /* not the member that proved */
   int member = (int)meet_get32(h->got + MEET_MAGIC_LEN);
   for (int i = 0; i < s->n; i++)
     if (s->blobs[i].member == member) return meet_drop(s, k, NULL), -1; /* came twice */
@@ -405,7 +442,7 @@ static int meet_connect(int me, const char *addr, int port, double deadline, con
 static int meet_join(int me, const char *addr, int port, const char *secret, const uint8_t *blob, size_t len,
                      const coll__nodes_meet_t *how, double deadline, coll__nodes_blob_t **blobs_p, int *n_p,
                      int *fd_p, char *err, size_t errlen) {
-  uint8_t head[MEET_HEAD], reply[2 * MEET_NONCE];
+  uint8_t head[MEET_HEAD], nonce0[MEET_NONCE];
   char at[300];
   coll__addr_join(addr, port, at, sizeof at);
   memcpy(head, MEET_MAGIC, MEET_MAGIC_LEN);
@@ -415,7 +452,7 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
   for (;;) { /* member 0 may close a connection unanswered (too many at once): again */
     if ((rc = meet_connect(me, addr, port, deadline, how, &fd, err, errlen)) != 0) return rc;
     rc = meet_send(fd, head, sizeof head);
-    if (rc == 0) rc = meet_recv(fd, reply, sizeof reply, deadline, how);
+    if (rc == 0) rc = meet_recv(fd, nonce0, sizeof nonce0, deadline, how);
     if (rc == 0) break;
     close(fd);
     if (rc == COLL_EINTERRUPTED) return snprintf(err, errlen, "interrupted at the rendezvous"), rc;
@@ -425,19 +462,28 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
     struct timespec nap = {0, 100000000};
     nanosleep(&nap, NULL);
   }
-  uint8_t want[32], out[36];
-  meet_proof(secret, "server", head + MEET_MAGIC_LEN + 4, reply, NULL, NULL, 0, want);
-  if (!meet_same(want, reply + MEET_NONCE, 32)) {
+  const uint8_t *nonce_k = head + MEET_MAGIC_LEN + 4;
+  uint8_t proof[32], answer[1 + 32], want[32], n4[4];
+  meet_proof(secret, "client", nonce0, nonce_k, head, (const uint8_t *)"", 0, proof);
+  rc = meet_send(fd, proof, sizeof proof);
+  if (rc == 0) rc = meet_recv(fd, answer, sizeof answer, deadline, how);
+  if (rc == 0 && answer[0] == 'R') {
+    close(fd);
+    return snprintf(err, errlen, "member %d: member 0 at %s holds another secret than ours: refused (is "
+                    "HBMCOLL_JOB_KEY the same on every node?)", me, at), COLL_EBOOTSTRAP;
+  }
+  meet_proof(secret, "server", nonce_k, nonce0, NULL, NULL, 0, want);
+  if (rc == 0 && (answer[0] != 'P' || !meet_same(want, answer + 1, 32))) {
     close(fd);
     return snprintf(err, errlen, "the listener at %s does not hold the job's secret: refused", at),
            COLL_EBOOTSTRAP;
   }
-  meet_proof(secret, "client", reply, head + MEET_MAGIC_LEN + 4, head, blob, len, out);
-  meet_put32(out + 32, (uint32_t)len);
-  uint8_t n4[4];
-  uint8_t *verdict = NULL;
-  rc = meet_send(fd, out, sizeof out);
+  meet_put32(n4, (uint32_t)len); /* it proved itself: our blob, and its proof */
+  meet_proof(secret, "blob", nonce0, nonce_k, head, blob, len, proof);
+  if (rc == 0) rc = meet_send(fd, n4, 4);
   if (rc == 0) rc = meet_send(fd, blob, len);
+  if (rc == 0) rc = meet_send(fd, proof, sizeof proof);
+  uint8_t *verdict = NULL;
   if (rc == 0) rc = meet_recv(fd, n4, 4, deadline, how);
   if (rc == 0 && (meet_get32(n4) > MEET_VERDICT_LIMIT || meet_get32(n4) == 0)) rc = -EPROTO;
   if (rc == 0 && (verdict = malloc(meet_get32(n4) + 1)) == NULL) rc = -ENOMEM;

@@ -39,7 +39,7 @@ static int run_rank(const scenario_t *s, int node, int local, int port, char *er
   snprintf(v, sizeof v, "%d", PER), setenv("HBMCOLL_LOCAL_SIZE", v, 1);
   snprintf(v, sizeof v, "%d", port), setenv("HBMCOLL_PORT", v, 1);
   snprintf(v, sizeof v, "node%d", node), setenv("HBMCOLL_NODE", v, 1);
-  snprintf(v, sizeof v, "hbnc%d.%d", test_pid, port), setenv("HBMCOLL_JOB_KEY", v, 1);
+  snprintf(v, sizeof v, "hbnc-job-key.%d.%d", test_pid, port), setenv("HBMCOLL_JOB_KEY", v, 1);
   setenv("HBMCOLL_MASTER", "10.77.0.1", 1);
   setenv("HBMCOLL_IFACE", "hbnet0", 1);
   setenv("FI_PROVIDER", "tcp", 1);

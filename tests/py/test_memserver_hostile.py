@@ -317,3 +317,41 @@ def test_a_note_naming_another_client_is_dropped_counted_and_named_by_the_timeou
                            r"server dropped 0 note\(s\) from no peer of its endpoint and 1 naming another client\)"):
             conn._reply(number, conn.half, 32, None)
     assert np.array_equal(rb.read(), np.arange(8, dtype=np.float32))
+
+
+FLOOD = r"""
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+held, opened = [], 0
+while True:  # bursts of connections, none waiting for the last; paced, so the server accepts each
+    time.sleep(0.005)  # (one that keeps the listen queue full keeps everyone out: the kernel's part)
+    for _ in range(64):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind(("127.0.0.2", 0))
+        sock.connect_ex((host, int(port)))
+        held.append(sock)
+    opened += 64
+    if opened % 1024 == 0:
+        print(opened, flush=True)
+    while len(held) > 2000:
+        held.pop(0).close()
+"""
+
+
+def test_a_stranger_opening_connections_non_stop_keeps_no_client_out(servers):
+    # Before, the server dropped the longest waiting of its 64 handshakes, whoever's: a stranger
+    # opening connections fast enough dropped every new client before it could prove the token.
+    # Now the address that holds the most handshakes loses its own oldest.
+    addrs = servers(1)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, addrs], stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout.readline(), "the stranger could not start"  # 1024 connections opened
+        for k in range(10):
+            rb = hbmcoll.RemoteBuffer(f"flood{k}", (1000,), "float32", servers=addrs, token=TOKEN, timeout=10)
+            _still_serving(rb, np.full(1000, k, np.float32))
+            del rb
+        assert flood.poll() is None, "the stranger stopped early"
+    finally:
+        flood.kill()
+        flood.wait()

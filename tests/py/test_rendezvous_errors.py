@@ -4,13 +4,19 @@
   ranks per node);
 - a node that never comes: member 0 names the nodes that came and the ranks missing, in a line
   after 10 s and in its error; the node's other ranks say the same, not a timeout of their own;
-- a node with another secret: it is told the listener does not hold its secret, and node 0 names
-  the address it refused and why.
+- a node with another secret: it is told member 0 holds another secret, and node 0 names the
+  address it refused and why;
+- a stranger that connects to member 0 proves first: before it does, all it gets is a nonce, nothing
+  keyed that a weak secret could be guessed against offline; a wrong proof gets a refusal at once;
+- a secret too short to keep strangers from guessing it is refused on every rank at once;
+- a stranger opening connections to member 0 non-stop keeps no node out.
 Before, node 0's ranks said only "rank 1 timed out after 8 s waiting for rank 0"."""
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -71,4 +77,107 @@ def test_a_node_with_another_secret_is_named_on_both_nodes(emulated_nodes):
     errors0 = _errors(err0)
     assert len(errors0) == 2, err0[-3000:]
     assert all("refused connections from 10.77.0.2" in e and "another HBMCOLL_JOB_KEY" in e for e in errors0), errors0
-    assert err1.count("the listener at 10.77.0.1:29901 does not hold the job's secret") >= 2, err1[-3000:]
+    assert err1.count("member 0 at 10.77.0.1:29901 holds another secret than ours: refused") >= 2, err1[-3000:]
+
+
+STRANGER = r"""
+import json, os, socket, struct, sys, time
+until = time.monotonic() + 20
+while True:  # member 0 may not listen yet
+    try:
+        s = socket.create_connection(("10.77.0.1", 29901), timeout=2)
+        break
+    except OSError:
+        if time.monotonic() > until:
+            raise
+        time.sleep(0.1)
+def take(seconds):
+    s.settimeout(seconds)
+    got = b""
+    try:
+        while True:
+            part = s.recv(4096)
+            if not part:
+                return got, "closed"
+            got += part
+    except socket.timeout:
+        return got, "open"
+s.sendall(b"HBMC2\0" + struct.pack(">I", 1) + os.urandom(32))
+first = take(1.5)
+s.sendall(os.urandom(32))  # a guessed proof
+second = take(5)
+print(json.dumps([[first[0].hex(), first[1]], [second[0].hex(), second[1]]]))
+"""
+
+
+def test_a_stranger_gets_a_nonce_and_nothing_keyed_then_a_refusal(emulated_nodes):
+    nodes = emulated_nodes(2)
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="s" * 32, HBMCOLL_TIMEOUT="14")
+    job = nodes.popen(0, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", "0",
+                          "--master", "10.77.0.1:29900", sys.executable, "-c", "import hbmcoll; hbmcoll.init()"],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stranger = nodes.popen(1, [sys.executable, "-c", STRANGER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    (rc_s, out_s, err_s), (rc0, _, err0) = netnodes.finish([stranger, job], 60)
+    assert rc_s == 0, err_s[-2000:]
+    (nonce, still), (refusal, end) = json.loads(out_s)
+    # before its proof: 32 bytes (member 0's nonce) and the connection open, waiting; no proof of member 0's
+    assert len(nonce) == 64 and still == "open", out_s
+    assert refusal == "52" + "00" * 32 and end == "closed", out_s  # 'R', and closed
+    assert rc0 != 0 and "refused connections from 10.77.0.2: it does not hold the job's secret" in err0, err0[-3000:]
+
+
+def test_a_short_secret_is_refused_on_every_rank_at_once(emulated_nodes):
+    res = _job(emulated_nodes(2), [{"HBMCOLL_JOB_KEY": "short-key"}] * 2, 60)
+    for rc, _, err in res:
+        lines = [e for e in err.splitlines() if re.match(r"\[\d+\] hbmcoll\.\w+Error", e)]
+        assert rc != 0 and len(lines) == 2, err[-3000:]
+        assert all("HBMCOLL_JOB_KEY) has 9 characters: across nodes it needs 16 or more" in e for e in lines), lines
+        assert "hung" not in err, err[-3000:]
+
+
+FLOOD = r"""
+import resource, socket, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+keep = min(hard, 1 << 16) - 100
+held, opened = [], 0
+while True:  # connections in bursts, none waiting for the last, never a word said, none closed
+    for _ in range(64):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("10.77.0.1", 29901))
+        held.append(sock)
+    opened += 64
+    if opened % 1024 == 0:
+        print(opened, flush=True)
+    while len(held) > keep:
+        held.pop(0).close()
+"""
+
+
+def test_a_stranger_connecting_non_stop_keeps_no_node_out(emulated_nodes):
+    # Before, member 0 closed every newcomer while 64 handshakes were under way: a stranger that
+    # kept 64 open kept the nodes out until the job's timeout. Now a newcomer pushes out the oldest
+    # handshake of the address holding the most, the stranger's own.
+    nodes = emulated_nodes(3)  # node 2: the stranger's
+    env = dict(os.environ, PYTHONPATH=PYMOD, OMP_NUM_THREADS="1", HBMCOLL_JOB_KEY="f" * 32, HBMCOLL_TIMEOUT="9")
+    prog = [sys.executable, "-c", "import hbmcoll; c = hbmcoll.init(); print('formed', c.size)"]
+
+    def node(i):
+        return nodes.popen(i, [sys.executable, "-m", "hbmcoll.run", "-n", "1", "--nnodes", "2", "--node-rank", str(i),
+                               "--master", "10.77.0.1:29900"] + prog,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    job = [node(0)]
+    flood = nodes.popen(2, [sys.executable, "-c", FLOOD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout.readline(), "the stranger could not start"
+        time.sleep(1)  # member 0 is full of the stranger's handshakes
+        job.append(node(1))
+        res = netnodes.finish(job, 60)
+        assert flood.poll() is None, "the stranger stopped early"
+    finally:
+        netnodes.kill_tree(flood.pid)
+        flood.wait()
+    for rc, out, err in res:
+        assert rc == 0 and "formed 2" in out, err[-3000:]

@@ -54,7 +54,16 @@ from ..nodes import netaddr
 from .protocol import ALIGN, DTYPES, HANDSHAKE_S, LEASE_S, SLOT_BYTES, dtype_code, itemsize, proof, read_token
 from .control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, check_hello, check_request
 
-MAX_HANDSHAKES = 64  # connections proving the token at once; past it, the longest waiting goes
+MAX_HANDSHAKES = 64  # connections proving the token at once; past it, one of the busiest address goes
+
+
+def _crowding(starting, host):
+    """The handshake that goes for a newcomer from host: the oldest of the address holding the most
+    (the newcomer counted), so a stranger opening connections non-stop drops its own, not clients'."""
+    held = collections.Counter(c.host for c in starting)
+    held[host] += 1
+    busiest = max(held, key=held.get)
+    return next((c for c in starting if c.host == busiest), starting[0])
 
 
 class Buffer:
@@ -105,14 +114,15 @@ class Server:
     def _accept(self):
         for _ in range(MAX_HANDSHAKES):  # what waits, a batch at a time
             try:
-                sock, _ = self.listener.accept()
+                sock, peer = self.listener.accept()
             except OSError:  # none left; or out of descriptors: it waits in the backlog
                 return
             starting = [c for c in self.conns if c.state in (HELLO, PROVEN)]
             if len(starting) >= MAX_HANDSHAKES:
-                self._refuse(starting[0], f"refused: {MAX_HANDSHAKES} connections were proving the token at once; "
-                                          "this one had waited longest")
-            conn = Conn(sock, time.monotonic())
+                self._refuse(_crowding(starting, peer[0]),
+                             f"refused: {MAX_HANDSHAKES} connections were proving the token at once, the most of "
+                             "them from this address; this one had waited longest")
+            conn = Conn(sock, time.monotonic(), peer[0])
             self.conns[conn] = None
             self.sel.register(sock, selectors.EVENT_READ, conn)
             self._watch(conn)
