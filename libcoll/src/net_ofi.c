@@ -266,7 +266,7 @@ int coll__net_poll_from(coll__net_t *n, uint32_t *note_p, int *peer_p, char *err
 
 int coll__net_idle_fds(coll__net_t *n, double *since, double until, struct pollfd *extra, int nextra) {
   double most = n->settled ? NET_INTERRUPT_S : NET_SETTLING_S; /* net_wait.c: Connections */
-  int rc = coll__net_waiter_idle(&n->waiter, since, until, most, n->watch_fd, extra, nextra);
+  int rc = coll__net_waiter_idle(&n->waiter, since, until, most, n->watch_fd, extra, nextra, NULL);
   if (rc == 2) n->watch_due = 1;
   return rc != 0;
 }

@@ -263,11 +263,13 @@ int coll__tagged_poll(coll__tagged_t *t, char *err, size_t errlen) {
   }
 }
 
-int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd) {
-  return coll__net_waiter_idle(&t->waiter, since, until, most_s, watch_fd, NULL, 0);
+int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd, unsigned seen) {
+  return coll__net_waiter_idle(&t->waiter, since, until, most_s, watch_fd, NULL, 0, &seen);
 }
 
-void coll__tagged_signal(coll__tagged_t *t) { (void)fi_cq_signal(t->cq); }
+unsigned coll__tagged_stirs(coll__tagged_t *t) { return atomic_load(&t->waiter.stirs); }
+
+void coll__tagged_signal(coll__tagged_t *t) { coll__net_waiter_stir(&t->waiter); }
 
 #else /* built without libfabric's headers */
 int coll__tagged_open(const char *iface, int family, coll__tagged_t **t_p, char *err, size_t errlen) {
@@ -293,9 +295,10 @@ int coll__tagged_recv(coll__tagged_t *t, void *buf, size_t len, int from, uint64
 }
 int coll__tagged_cancel(coll__tagged_t *t, coll__tagged_op_t *op) { return (void)t, (void)op, -ENOSYS; }
 int coll__tagged_poll(coll__tagged_t *t, char *err, size_t errlen) { return (void)t, (void)err, (void)errlen, 0; }
-int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd) {
-  return (void)t, (void)since, (void)until, (void)most_s, (void)watch_fd, 1;
+int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd, unsigned seen) {
+  return (void)t, (void)since, (void)until, (void)most_s, (void)watch_fd, (void)seen, 1;
 }
+unsigned coll__tagged_stirs(coll__tagged_t *t) { return (void)t, 0; }
 const char *coll__tagged_describe(const coll__tagged_t *t) { return (void)t, "no point-to-point between nodes"; }
 void coll__tagged_signal(coll__tagged_t *t) { (void)t; }
 #endif /* COLL_NET_OFI */

@@ -58,8 +58,11 @@ int coll__tagged_cancel(coll__tagged_t *t, coll__tagged_op_t *op);
  * of the endpoint with a sentence. */
 int coll__tagged_poll(coll__tagged_t *t, char *err, size_t errlen);
 /* After an empty poll: spin a little, then block until a completion may be there, watch_fd (>= 0)
- * closes, `until` or most_s passes (net_wait.h). 2 when watch_fd closed, else 0 or 1. */
-int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd);
+ * closes, `until` or most_s passes (net_wait.h). 2 when watch_fd closed, else 0 or 1. seen:
+ * coll__tagged_stirs as read before the caller last looked for its completion (a signal since
+ * then returns at once). */
+int coll__tagged_idle(coll__tagged_t *t, double *since, double until, double most_s, int watch_fd, unsigned seen);
+unsigned coll__tagged_stirs(coll__tagged_t *t);
 /* Wake the threads blocked in coll__tagged_idle (one thread read completions another waits for). */
 void coll__tagged_signal(coll__tagged_t *t);
 /* One phrase: the provider and interface. */

@@ -169,8 +169,13 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
   }
 }
 
+void coll__net_waiter_stir(coll__net_waiter_t *w) {
+  atomic_fetch_add(&w->stirs, 1); /* before the signal: a waiter that missed the signal sees this */
+  (void)fi_cq_signal(w->cq);
+}
+
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
-                          struct pollfd *extra, int nextra) {
+                          struct pollfd *extra, int nextra, const unsigned *seen) {
   double now = wait_now();
   if (*since == 0) *since = now;
   if (now - *since < w->spin_s) return 0;
@@ -188,6 +193,7 @@ int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, do
   }
   struct fid *fids[1] = {&w->cq->fid};
   if (fi_trywait(w->fabric, fids, 1) != FI_SUCCESS) return 0; /* completions waiting: read them */
+  if (seen && atomic_load(&w->stirs) != *seen) return 0; /* stirred before the trywait: look again */
   double left = until > 0 && until - now < most_s ? until - now : most_s;
   int ms = left > 0 ? (int)(left * 1e3) + 1 : 0;
   struct pollfd fds[2 + (nextra > 0 ? nextra : 0)];

@@ -23,6 +23,7 @@ typedef struct {
   /* a hint that threads sharing the waiter (nodes_p2p.c) may race on: read and written whole */
   _Atomic int busy;         /* the machine's cores were all wanted at the last look: spins are spin_s */
   _Atomic double next_look; /* when to look again (CLOCK_MONOTONIC seconds) */
+  _Atomic unsigned stirs;   /* wake-ups sent by threads that read others' completions (coll__net_waiter_stir) */
   uint64_t blocks, woken; /* blocks so far, and those the CQ's fd ended */
   char how[112]; /* one phrase for coll__net_describe */
 } coll__net_waiter_t;
@@ -45,9 +46,13 @@ void coll__net_waiter_open(coll__net_waiter_t *w, struct fid_fabric *fabric, str
  * CQ's fd stirs, watch_fd (>= 0) closes or fails, one of extra[0..nextra) has its events, `until`
  * (CLOCK_MONOTONIC seconds, 0: none) or most_s passed, and returns 1 (2: watch_fd closed).
  * Where fi_trywait says completions are waiting it returns 0 at once; without an fd it yields
- * the core and returns 1. */
+ * the core and returns 1. seen (NULL: one thread waits) is w->stirs as the caller read it before
+ * it last looked for its completion: a stir since then returns 0 at once (fi_trywait clears the
+ * fd's signal, so a stir sent before it would be lost, and the wait would sleep a whole most_s). */
 int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, double most_s, int watch_fd,
-                          struct pollfd *extra, int nextra);
+                          struct pollfd *extra, int nextra, const unsigned *seen);
+/* Wake the threads blocked on w: this thread read completions one of them may wait for. */
+void coll__net_waiter_stir(coll__net_waiter_t *w);
 
 #endif /* COLL_NET_OFI */
 #endif /* COLL_NET_WAIT_H */

@@ -17,7 +17,10 @@
  * the timeout, the interrupt callback (blocking calls) and, for a peer on this node, whether it
  * died (that fails the communicator with COLL_EPEERLOST, as p2p.c does). A timeout or an interrupt
  * withdraws a receive (fi_cancel); a send cannot be withdrawn on rxm once posted, so one cut short
- * fails the communicator. Sends are posted in call order; the provider's "try again" queues them.
+ * fails the communicator. Until a message went to or came from the peer waited for (any peer, for
+ * COLL_ANY_SOURCE), the slices are 1 ms: rxm's connection handshake does not stir the fd. A thread
+ * that reads another's completion signals the fd; a signal that came between the other's last look
+ * and its block (fi_trywait clears it) is seen through a counter (net_wait.h), not slept through. Sends are posted in call order; the provider's "try again" queues them.
  *
  * Lifetime as in p2p.c: the state counts the communicator and the requests not yet freed; at
  * coll_comm_free pending requests end with COLL_EABORTED and the endpoint closes. Operations live
@@ -40,6 +43,7 @@
 #include "nodes.h"
 
 #define SP_SLICE_S 0.02  /* a block's longest slice: checks this often */
+#define SP_SETTLING_S 0.001 /* a block's slice while a connection may be in setup: poll(2)'s least */
 #define SP_SPIN_S 200e-6 /* the longest spin before a block, as p2p.c's: a wake-up from the fd costs
                           * tens of us on a VM, a message's round trip across a link about as much */
 #define SP_PREEMPTED_S 30e-6 /* a spin step this long was preempted: block from then on */
@@ -73,6 +77,8 @@ struct coll__span_p2p {
   sp_op_t *live;
   sp_op_t *qhead, *qtail;
   sp_op_t *orphans; /* freed once their completion came, or the endpoint closed */
+  uint8_t *contacted; /* per rank: a message went or came, so the connection is up */
+  int size, uncontacted;
 };
 
 typedef struct {
@@ -97,20 +103,23 @@ static void sp_unref(coll__span_p2p_t *p) { /* the lock held */
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->idle);
+  free(p->contacted);
   free(p);
 }
 
 int coll__span_p2p_open(coll_comm_t *c, coll__span_p2p_t **p_p, char *err, size_t errlen) {
   coll__span_p2p_t *p = calloc(1, sizeof *p);
   sp_card_t mine = {0}, *all = calloc((size_t)c->size, sizeof *all);
-  if (p == NULL || all == NULL) {
-    free(p), free(all);
+  uint8_t *contacted = calloc((size_t)c->size, 1);
+  if (p == NULL || all == NULL || contacted == NULL) {
+    free(p), free(all), free(contacted);
     snprintf(err, errlen, "out of memory for point-to-point across nodes");
     return -ENOMEM;
   }
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->idle, NULL);
   p->refs = 1, p->c = c;
+  p->contacted = contacted, contacted[c->rank] = 1, p->size = c->size, p->uncontacted = c->size - 1;
   mine.rc = coll__tagged_open(coll__span_iface(c), coll__span_family(c), &p->ep, mine.error, sizeof mine.error);
   if (mine.rc == 0) mine.len = (uint32_t)coll__tagged_card(p->ep, mine.card);
   while (getrandom(&mine.token, sizeof mine.token, 0) != sizeof mine.token) continue;
@@ -199,6 +208,10 @@ static int sp_settled(sp_op_t *op) {
   int rc = op->t.rc;
   if (!op->send && (rc == 0 || rc == COLL_EMISMATCH))
     op->status = (coll_status_t){.source = op->t.source, .tag = (int)(op->t.tag & 0x7fffffff), .bytes = op->t.bytes};
+  coll__span_p2p_t *p = op->p;
+  int peer = op->send ? op->peer : op->t.source;
+  if ((rc == 0 || rc == COLL_EMISMATCH) && peer >= 0 && peer < p->size && !p->contacted[peer])
+    p->contacted[peer] = 1, p->uncontacted--;
   if (rc != 0 && rc != COLL_EMISMATCH && rc != -ECANCELED && op->p->c && sp_failed(op->p) == 0)
     sp_fail(op->p, rc, "rank %d: a point-to-point operation between nodes failed (%s); the communicator is closed",
             coll_strerror(rc));
@@ -311,8 +324,12 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
     }
     coll__tagged_t *ep = p->ep;
     int watch = coll__span_watch(p->c);
+    /* rxm's connection handshake does not stir the CQ's fd (net_wait.c: Connections): short
+     * slices while this wait may hang on one, on either side */
+    int settling = op->peer >= 0 && op->peer < p->size ? !p->contacted[op->peer] : p->uncontacted > 0;
+    unsigned seen = coll__tagged_stirs(ep); /* after the last look at op, under the lock */
     pthread_mutex_unlock(&p->lock);
-    int woke = coll__tagged_idle(ep, &since, until, SP_SLICE_S, watch);
+    int woke = coll__tagged_idle(ep, &since, until, settling ? SP_SETTLING_S : SP_SLICE_S, watch, seen);
     pthread_mutex_lock(&p->lock);
     if (woke == 2 && p->c && (rc = sp_failed(p)) == 0)
       rc = sp_fail(p, COLL_EPEERLOST, "rank %d: the connection to the job's other nodes closed (%s): a node went "
