@@ -161,6 +161,7 @@ typedef struct {
   int step; /* 1: member 0's nonce went out; 2: its proof too (the member proved the secret) */
   uint8_t nonce[MEET_NONCE];
   char peer[64];
+  char group[64]; /* the address whose handshakes are counted together: an IPv6 one's /64 */
 } meet_shake_t;
 
 typedef struct {
@@ -192,19 +193,20 @@ static void meet_refused(const meet_serve_t *s, char *out, size_t len) {
     out[len - 1] = '\0'; /* cut to fit */
 }
 
-/* The handshake that goes for a newcomer from peer when all are taken: the oldest of the address
+/* The handshake that goes for a newcomer from group when all are taken: the oldest of the group
  * holding the most (the newcomer counted), so a stranger connecting non-stop pushes out its own
- * connections, not the members'; -1: the newcomer itself (every address holds as few). */
-static int meet_crowding(const meet_serve_t *s, const char *peer) {
+ * connections, not the members'; -1: the newcomer itself (every group holds one). A member that
+ * proved the secret is neither counted nor pushed out. */
+static int meet_crowding(const meet_serve_t *s, const char *group) {
   int most = 1, victim = -1; /* the newcomer's own count, at least */
   for (int k = 0; k < s->nshakes; k++) {
-    int held = 0, oldest = k;
+    if (s->shakes[k].step == 2) continue;
+    int held = strcmp(group, s->shakes[k].group) == 0, oldest = k;
     for (int j = 0; j < s->nshakes; j++)
-      if (strcmp(s->shakes[j].peer, s->shakes[k].peer) == 0) {
+      if (s->shakes[j].step != 2 && strcmp(s->shakes[j].group, s->shakes[k].group) == 0) {
         held++;
         if (s->shakes[j].deadline < s->shakes[oldest].deadline) oldest = j;
       }
-    held += strcmp(peer, s->shakes[k].peer) == 0;
     if (held > most) most = held, victim = oldest;
   }
   return victim;
@@ -213,15 +215,20 @@ static int meet_crowding(const meet_serve_t *s, const char *peer) {
 static void meet_accept(meet_serve_t *s, int srv) {
   struct sockaddr_storage from;
   socklen_t fl = sizeof from;
-  char peer[64];
+  char peer[64], group[64];
   int fd = accept4(srv, (struct sockaddr *)&from, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return; /* out of descriptors, say: the others come again later */
-  if (from.ss_family == AF_INET6)
-    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, peer, sizeof peer);
-  else
+  if (from.ss_family == AF_INET6) {
+    struct in6_addr net = ((struct sockaddr_in6 *)&from)->sin6_addr;
+    inet_ntop(AF_INET6, &net, peer, sizeof peer);
+    memset(net.s6_addr + 8, 0, 8); /* one host may hold a whole /64 */
+    inet_ntop(AF_INET6, &net, group, sizeof group);
+  } else {
     inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, peer, sizeof peer);
+    snprintf(group, sizeof group, "%s", peer);
+  }
   if (s->nshakes >= MEET_MAX_SHAKES) { /* a flood: members connect again */
-    int victim = meet_crowding(s, peer);
+    int victim = meet_crowding(s, group);
     if (victim < 0) {
       close(fd);
       return;
@@ -233,6 +240,7 @@ static void meet_accept(meet_serve_t *s, int srv) {
   memset(h, 0, sizeof *h);
   h->fd = fd, h->deadline = meet_now() + MEET_HANDSHAKE_S;
   snprintf(h->peer, sizeof h->peer, "%s", peer);
+  snprintf(h->group, sizeof h->group, "%s", group);
 }
 
 /* Feed connection k what came: 1 when it proved the secret and its blob is in, 0 while more
@@ -448,11 +456,18 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
   memcpy(head, MEET_MAGIC, MEET_MAGIC_LEN);
   meet_put32(head + MEET_MAGIC_LEN, (uint32_t)me);
   if (getrandom(head + MEET_MAGIC_LEN + 4, MEET_NONCE, 0) != MEET_NONCE) return -errno;
+  const uint8_t *nonce_k = head + MEET_MAGIC_LEN + 4;
+  uint8_t proof[32], answer[1 + 32], want[32], n4[4];
   int fd = -1, rc;
-  for (;;) { /* member 0 may close a connection unanswered (too many at once): again */
+  for (;;) { /* member 0 may close a connection unanswered (a flood pushed it out): again */
     if ((rc = meet_connect(me, addr, port, deadline, how, &fd, err, errlen)) != 0) return rc;
     rc = meet_send(fd, head, sizeof head);
     if (rc == 0) rc = meet_recv(fd, nonce0, sizeof nonce0, deadline, how);
+    if (rc == 0) {
+      meet_proof(secret, "client", nonce0, nonce_k, head, (const uint8_t *)"", 0, proof);
+      rc = meet_send(fd, proof, sizeof proof);
+    }
+    if (rc == 0) rc = meet_recv(fd, answer, sizeof answer, deadline, how);
     if (rc == 0) break;
     close(fd);
     if (rc == COLL_EINTERRUPTED) return snprintf(err, errlen, "interrupted at the rendezvous"), rc;
@@ -462,25 +477,20 @@ static int meet_join(int me, const char *addr, int port, const char *secret, con
     struct timespec nap = {0, 100000000};
     nanosleep(&nap, NULL);
   }
-  const uint8_t *nonce_k = head + MEET_MAGIC_LEN + 4;
-  uint8_t proof[32], answer[1 + 32], want[32], n4[4];
-  meet_proof(secret, "client", nonce0, nonce_k, head, (const uint8_t *)"", 0, proof);
-  rc = meet_send(fd, proof, sizeof proof);
-  if (rc == 0) rc = meet_recv(fd, answer, sizeof answer, deadline, how);
-  if (rc == 0 && answer[0] == 'R') {
+  if (answer[0] == 'R') {
     close(fd);
     return snprintf(err, errlen, "member %d: member 0 at %s holds another secret than ours: refused (is "
                     "HBMCOLL_JOB_KEY the same on every node?)", me, at), COLL_EBOOTSTRAP;
   }
   meet_proof(secret, "server", nonce_k, nonce0, NULL, NULL, 0, want);
-  if (rc == 0 && (answer[0] != 'P' || !meet_same(want, answer + 1, 32))) {
+  if (answer[0] != 'P' || !meet_same(want, answer + 1, 32)) {
     close(fd);
     return snprintf(err, errlen, "the listener at %s does not hold the job's secret: refused", at),
            COLL_EBOOTSTRAP;
   }
   meet_put32(n4, (uint32_t)len); /* it proved itself: our blob, and its proof */
   meet_proof(secret, "blob", nonce0, nonce_k, head, blob, len, proof);
-  if (rc == 0) rc = meet_send(fd, n4, 4);
+  rc = meet_send(fd, n4, 4);
   if (rc == 0) rc = meet_send(fd, blob, len);
   if (rc == 0) rc = meet_send(fd, proof, sizeof proof);
   uint8_t *verdict = NULL;

@@ -18,9 +18,12 @@
  * died (that fails the communicator with COLL_EPEERLOST, as p2p.c does). A timeout or an interrupt
  * withdraws a receive (fi_cancel); a send cannot be withdrawn on rxm once posted, so one cut short
  * fails the communicator. Until a message went to or came from the peer waited for (any peer, for
- * COLL_ANY_SOURCE), the slices are 1 ms: rxm's connection handshake does not stir the fd. A thread
- * that reads another's completion signals the fd; a signal that came between the other's last look
- * and its block (fi_trywait clears it) is seen through a counter (net_wait.h), not slept through. Sends are posted in call order; the provider's "try again" queues them.
+ * COLL_ANY_SOURCE), a wait's first quarter second blocks in 1 ms slices: rxm's connection handshake
+ * does not stir the fd (past that, a late first contact costs the waiter at most one slice). A
+ * thread that reads another's completion signals the fd; a signal that came between the other's
+ * last look and its block (fi_trywait clears it) is seen through a counter (net_wait.h), not slept
+ * through. With three or more threads blocked at once, one may still sleep a slice: another's
+ * fi_trywait can clear the signal before the woken one looks. Sends are posted in call order; the provider's "try again" queues them.
  *
  * Lifetime as in p2p.c: the state counts the communicator and the requests not yet freed; at
  * coll_comm_free pending requests end with COLL_EABORTED and the endpoint closes. Operations live
@@ -44,6 +47,7 @@
 
 #define SP_SLICE_S 0.02  /* a block's longest slice: checks this often */
 #define SP_SETTLING_S 0.001 /* a block's slice while a connection may be in setup: poll(2)'s least */
+#define SP_SETTLING_FOR_S 0.25 /* ... in a wait's first quarter second: a handshake takes tens of ms */
 #define SP_SPIN_S 200e-6 /* the longest spin before a block, as p2p.c's: a wake-up from the fd costs
                           * tens of us on a VM, a message's round trip across a link about as much */
 #define SP_PREEMPTED_S 30e-6 /* a spin step this long was preempted: block from then on */
@@ -119,7 +123,7 @@ int coll__span_p2p_open(coll_comm_t *c, coll__span_p2p_t **p_p, char *err, size_
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->idle, NULL);
   p->refs = 1, p->c = c;
-  p->contacted = contacted, contacted[c->rank] = 1, p->size = c->size, p->uncontacted = c->size - 1;
+  p->contacted = contacted, p->size = p->uncontacted = c->size; /* self too: rxm connects to itself */
   mine.rc = coll__tagged_open(coll__span_iface(c), coll__span_family(c), &p->ep, mine.error, sizeof mine.error);
   if (mine.rc == 0) mine.len = (uint32_t)coll__tagged_card(p->ep, mine.card);
   while (getrandom(&mine.token, sizeof mine.token, 0) != sizeof mine.token) continue;
@@ -326,7 +330,8 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
     int watch = coll__span_watch(p->c);
     /* rxm's connection handshake does not stir the CQ's fd (net_wait.c: Connections): short
      * slices while this wait may hang on one, on either side */
-    int settling = op->peer >= 0 && op->peer < p->size ? !p->contacted[op->peer] : p->uncontacted > 0;
+    int settling = now - start < SP_SETTLING_FOR_S &&
+                   (op->peer >= 0 && op->peer < p->size ? !p->contacted[op->peer] : p->uncontacted > 0);
     unsigned seen = coll__tagged_stirs(ep); /* after the last look at op, under the lock */
     pthread_mutex_unlock(&p->lock);
     int woke = coll__tagged_idle(ep, &since, until, settling ? SP_SETTLING_S : SP_SLICE_S, watch, seen);

@@ -40,10 +40,10 @@ class Refused(Exception):
 class Conn:
     """One control connection: its socket (nonblocking), inbox, outbox and state."""
 
-    def __init__(self, sock, now, host=None):
+    def __init__(self, sock, now, group=None):
         sock.setblocking(False)
         self.sock, self.state, self.client = sock, HELLO, None
-        self.host = host  # the peer's address
+        self.group = group  # the peer's address (an IPv6 one's /64): handshakes counted together
         self.inbox, self.outbox = bytearray(), bytearray()
         self.nonce = secrets.token_bytes(16)
         self.deadline = now + HANDSHAKE_S  # the handshake's; then None; closing: the goodbye's

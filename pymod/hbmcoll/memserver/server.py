@@ -37,6 +37,7 @@ deadlines, SIGTERM).
 import argparse
 import collections
 import hmac
+import ipaddress
 import json
 import os
 import queue
@@ -57,13 +58,19 @@ from .control import CLIENT, CLOSING, HELLO, PROVEN, Conn, Refused, check_card, 
 MAX_HANDSHAKES = 64  # connections proving the token at once; past it, one of the busiest address goes
 
 
-def _crowding(starting, host):
-    """The handshake that goes for a newcomer from host: the oldest of the address holding the most
-    (the newcomer counted), so a stranger opening connections non-stop drops its own, not clients'."""
-    held = collections.Counter(c.host for c in starting)
-    held[host] += 1
-    busiest = max(held, key=held.get)
-    return next((c for c in starting if c.host == busiest), starting[0])
+def _group(host):
+    """The address whose handshakes are counted together: an IPv6 one's /64 (one host may hold it all)."""
+    return str(ipaddress.ip_network(host + "/64", strict=False)) if ":" in host else host
+
+
+def _crowding(waiting, group):
+    """The handshake that goes for a newcomer from group when all are taken: the oldest of the
+    group holding the most (the newcomer counted), so a stranger opening connections non-stop
+    pushes out its own, not clients'; None: the newcomer itself (every group holds one)."""
+    held = collections.Counter(c.group for c in waiting)
+    held[group] += 1
+    busiest, most = held.most_common(1)[0]
+    return next((c for c in waiting if c.group == busiest), None) if most > 1 else None
 
 
 class Buffer:
@@ -119,10 +126,14 @@ class Server:
                 return
             starting = [c for c in self.conns if c.state in (HELLO, PROVEN)]
             if len(starting) >= MAX_HANDSHAKES:
-                self._refuse(_crowding(starting, peer[0]),
-                             f"refused: {MAX_HANDSHAKES} connections were proving the token at once, the most of "
-                             "them from this address; this one had waited longest")
-            conn = Conn(sock, time.monotonic(), peer[0])
+                # one that proved the token is not pushed out; one pushed out is closed at once, so
+                # a flood holds no descriptors here (a goodbye would keep each open a while)
+                victim = _crowding([c for c in starting if c.state == HELLO], _group(peer[0]))
+                if victim is None:
+                    sock.close()
+                    continue
+                self._close(victim)
+            conn = Conn(sock, time.monotonic(), _group(peer[0]))
             self.conns[conn] = None
             self.sel.register(sock, selectors.EVENT_READ, conn)
             self._watch(conn)
