@@ -53,6 +53,7 @@
 #ifdef COLL_NET_OFI
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -195,7 +196,8 @@ int coll__net_waiter_idle(coll__net_waiter_t *w, double *since, double until, do
   if (fi_trywait(w->fabric, fids, 1) != FI_SUCCESS) return 0; /* completions waiting: read them */
   if (seen && atomic_load(&w->stirs) != *seen) return 0; /* stirred before the trywait: look again */
   double left = until > 0 && until - now < most_s ? until - now : most_s;
-  int ms = left > 0 ? (int)(left * 1e3 + 0.999) : 0; /* rounded up: 1 ms asked is 1 ms */
+  int ms = left > 0 ? (int)ceil(left * 1e3 - 1e-6) : 0; /* rounded up: 1 ms asked is 1 ms */
+  if (left > 0 && ms < 1) ms = 1;
   struct pollfd fds[2 + (nextra > 0 ? nextra : 0)];
   int nfds = 0, at_watch = -1;
   fds[nfds++] = (struct pollfd){.fd = w->fd, .events = POLLIN};

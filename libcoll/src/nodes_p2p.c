@@ -18,7 +18,7 @@
  * died (that fails the communicator with COLL_EPEERLOST, as p2p.c does). A timeout or an interrupt
  * withdraws a receive (fi_cancel); a send cannot be withdrawn on rxm once posted, so one cut short
  * fails the communicator. Until a message went to or came from the peer waited for (any peer, for
- * COLL_ANY_SOURCE), a wait's first quarter second blocks in 1 ms slices: rxm's connection handshake
+ * COLL_ANY_SOURCE), the first quarter second of waiting for it blocks in 1 ms slices: rxm's connection handshake
  * does not stir the fd (past that, a late first contact costs the waiter at most one slice). A
  * thread that reads another's completion signals the fd; a signal that came between the other's
  * last look and its block (fi_trywait clears it) is seen through a counter (net_wait.h), not slept
@@ -61,6 +61,7 @@ struct sp_op {
   const void *buf;
   size_t bytes;
   int posted, done, result, request;
+  double first_wait; /* when a wait for it began first (0: none yet; a caller may wait in pieces) */
   coll_status_t status;
   coll__span_p2p_t *p;
   sp_op_t *lprev, *lnext; /* unfinished requests */
@@ -297,6 +298,7 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
   coll_comm_t *node = coll__comm_here(p->c);
   p->inside++;
   double start = sp_now(), next_check = start + SP_SLICE_S;
+  if (op->first_wait == 0) op->first_wait = start;
   double since = start - 1; /* the bridge's wait: a stretch long begun, so it blocks at once (the spin is here) */
   double spin_until = coll__core_wanted(start) ? start : start + SP_SPIN_S; /* no spin where a task wants the core */
   int rc = 0;
@@ -330,7 +332,7 @@ static int sp_wait(coll__span_p2p_t *p, sp_op_t *op, double until, int blocking)
     int watch = coll__span_watch(p->c);
     /* rxm's connection handshake does not stir the CQ's fd (net_wait.c: Connections): short
      * slices while this wait may hang on one, on either side */
-    int settling = now - start < SP_SETTLING_FOR_S &&
+    int settling = now - op->first_wait < SP_SETTLING_FOR_S &&
                    (op->peer >= 0 && op->peer < p->size ? !p->contacted[op->peer] : p->uncontacted > 0);
     unsigned seen = coll__tagged_stirs(ep); /* after the last look at op, under the lock */
     pthread_mutex_unlock(&p->lock);

@@ -5,7 +5,8 @@ A key built only from what the launcher shows (hydra_pmi_proxy's pid, a Slurm jo
 computed by another local user, who could then bind the name first and stop the job. So every
 key also carries a secret nonce of the job:
 
-- hbmcoll-run draws one for each launch (HBMCOLL_JOB_KEY); a user may set HBMCOLL_JOB_KEY too;
+- hbmcoll-run on one node draws one for each launch (HBMCOLL_JOB_KEY); across nodes, and under any
+  launcher, a user may set HBMCOLL_JOB_KEY (16 characters or more across nodes);
 - an mpi4py communicator broadcasts one; torch's process groups agree on one in torch's store;
 - under torchrun, mpiexec (MPICH, Open MPI) and srun, local rank 0 draws one and hands it to
   the others through a file in a directory only this user can read (`exchange` below): the

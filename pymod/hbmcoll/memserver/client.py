@@ -90,24 +90,24 @@ class _Connection:
         from ..nodes.where import iface_to
         host, port = netaddr.split(addr)
         self.addr, self.timeout, self.dead = addr, timeout, False
-        self.token = token
+        self.token, self.ep = token, None
         until = time.monotonic() + (timeout or 30)
-        while True:  # a server started beside the job (hbmcoll-run --memservers) may still be starting
+        while True:  # closed before its answer: a flood of connections at the server pushed it out
+            self._connect(host, port, until)
+            # Both sides prove the token, each on the other's nonce, before this side sends its card
+            # (a key to its pool): a stranger posing as the server learns nothing of use.
             try:
-                self.sock = socket.create_connection((host, int(port)), timeout=timeout or 30)
+                hello, mine = self._recv(), secrets.token_bytes(16)
+                ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "nonce": mine.hex()})
+                answer = self._answer()
                 break
-            except ConnectionRefusedError as exc:
+            except (PeerLostError, ConnectionError):  # (a refusal, PermissionError, is final)
+                self.sock.close()
                 if time.monotonic() > until:
-                    raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
-                time.sleep(0.2)
-            except OSError as exc:
-                raise PeerLostError(f"no memory server at {addr} ({exc.strerror or exc})") from None
-        # Both sides prove the token, each on the other's nonce, before this side sends its card
-        # (a key to its pool): a stranger posing as the server learns nothing of use.
-        hello, mine = self._recv(), secrets.token_bytes(16)
+                    raise
+                self.dead = False
+                time.sleep(0.1)
         self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES, None, netaddr.family(host))
-        ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "nonce": mine.hex()})
-        answer = self._answer()
         given = answer.get("proof")
         if not isinstance(given, str) or not hmac.compare_digest(given, ms.proof(token, mine, "server")):
             self.close()
@@ -124,6 +124,18 @@ class _Connection:
         self.lock = threading.Lock()      # the data path: one caller's requests at a time
         self.ctl_lock = threading.Lock()  # the control connection: one exchange at a time
         self.local_locks = {}             # buffer id -> [this process's lock of it, depth] (_Lock)
+
+    def _connect(self, host, port, until):
+        while True:  # a server started beside the job (hbmcoll-run --memservers) may still be starting
+            try:
+                self.sock = socket.create_connection((host, int(port)), timeout=self.timeout or 30)
+                return
+            except ConnectionRefusedError as exc:
+                if time.monotonic() > until:
+                    raise PeerLostError(f"no memory server at {self.addr} ({exc.strerror or exc})") from None
+                time.sleep(0.2)
+            except OSError as exc:
+                raise PeerLostError(f"no memory server at {self.addr} ({exc.strerror or exc})") from None
 
     def _answer(self):
         """The server's next message during the handshake; its refusal raised."""
@@ -276,7 +288,8 @@ class _Connection:
         try:
             self.sock.close()
         finally:
-            self.ep.close()
+            if self.ep is not None:
+                self.ep.close()
 
 
 def _refusal(addr, status):

@@ -124,6 +124,9 @@ class Server:
                 sock, peer = self.listener.accept()
             except OSError:  # none left; or out of descriptors: it waits in the backlog
                 return
+            refused = [c for c in self.conns if c.state == CLOSING and c.client is None]
+            if len(refused) >= MAX_HANDSHAKES:  # a flood of bad hellos: their goodbyes hold no more
+                self._close(refused[0])
             starting = [c for c in self.conns if c.state in (HELLO, PROVEN)]
             if len(starting) >= MAX_HANDSHAKES:
                 # one that proved the token is not pushed out; one pushed out is closed at once, so
