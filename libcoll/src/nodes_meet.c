@@ -7,9 +7,10 @@
  * offline (only one who took member 0's address could get a proof). A member sends its blob only
  * to a member 0 that proved itself; once complete() says all came, member 0 answers every member
  * with all blobs, or with the one error that ends the job. A peer that cannot prove the secret is
- * refused and never sees a blob. Member 0 serves every connection at once (one poll), each with its own deadline and size
- * limit: a stranger that connects and says nothing is dropped and delays nobody. The connections
- * stay open (nodes_watch.c).
+ * refused and never sees a blob. Member 0 serves every connection at once (one poll), each with
+ * its own deadline and size limit: a stranger that connects and says nothing is dropped and delays
+ * nobody, and one that connects non-stop pushes out its own handshakes (meet_crowding). The
+ * connections stay open (nodes_watch.c).
  *
  *   member k -> 0: MAGIC, k (u32), nonce_k (32 B)
  *   0 -> k:        nonce_0

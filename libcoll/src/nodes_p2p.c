@@ -23,7 +23,8 @@
  * thread that reads another's completion signals the fd; a signal that came between the other's
  * last look and its block (fi_trywait clears it) is seen through a counter (net_wait.h), not slept
  * through. With three or more threads blocked at once, one may still sleep a slice: another's
- * fi_trywait can clear the signal before the woken one looks. Sends are posted in call order; the provider's "try again" queues them.
+ * fi_trywait can clear the signal before the woken one looks. Sends are posted in call order; the
+ * provider's "try again" queues them.
  *
  * Lifetime as in p2p.c: the state counts the communicator and the requests not yet freed; at
  * coll_comm_free pending requests end with COLL_EABORTED and the endpoint closes. Operations live

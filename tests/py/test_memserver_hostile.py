@@ -301,6 +301,39 @@ def test_a_stranger_posing_as_the_server_never_gets_a_card():
     assert heard[1] is None or isinstance(heard[1], OSError), heard  # no card after the failed proof
 
 
+HANGS_UP = r"""
+import socket, sys
+sys.path.insert(0, sys.argv[2])
+from hbmcoll.memserver import protocol as ms
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+while True:  # a server pushed too far: a nonce, the client's proof read, and the connection closed
+    sock, _ = listener.accept()
+    ms.send_msg(sock, {"nonce": "00" * 16})
+    ms.recv_msg(sock)
+    sock.close()
+"""
+
+
+def test_a_server_that_hangs_up_mid_handshake_is_tried_again_until_the_timeout(tmp_path):
+    # A client pushed out before the server's answer (a flood at the server) connects again. Before,
+    # the failing handshake took a lock the client's maker already held: it hung for ever.
+    here = os.path.dirname(os.path.abspath(__file__))
+    server = subprocess.Popen([sys.executable, "-c", HANGS_UP, "x", os.path.join(here, "..", "..", "pymod")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()
+        code = ("import time, hbmcoll\nt = time.monotonic()\ntry:\n    hbmcoll.RemoteBuffer('h', (4,), servers="
+                f"'127.0.0.1:{port}', token='{TOKEN}', timeout=2)\nexcept hbmcoll.PeerLostError as e:\n"
+                "    print('gave up after %.1f s: %s' % (time.monotonic() - t, e))")
+        out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    assert "gave up after" in out.stdout and "closed" in out.stdout, (out.stdout, out.stderr[-2000:])
+    assert 1.5 < float(out.stdout.split()[3]) < 30, out.stdout  # tried again until its 2 s, then gave up
+
+
 def test_a_note_naming_another_client_is_dropped_counted_and_named_by_the_timeout(servers):
     """A request whose note names another client (here one that does not exist): the server drops
     the note, as only a note's sender may name itself, and counts it; the sender's wait for the

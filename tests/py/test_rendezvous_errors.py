@@ -148,7 +148,8 @@ while True:  # bursts of connections, none waiting for the last, never a word sa
         try:
             sock = socket.socket()
         except OSError:  # out of descriptors: let the oldest go
-            held.pop(0).close()
+            if held:
+                held.pop(0).close()
             continue
         sock.setblocking(False)
         if sock.connect_ex(("10.77.0.1", 29901)) not in (0, 115):  # (EINPROGRESS)
@@ -171,9 +172,12 @@ def _flooding_after(p, t, seconds=10):
     while time.monotonic() < until:
         select.select([fd], [], [], 0.2)
         try:
-            got += os.read(fd, 1 << 16)
+            part = os.read(fd, 1 << 16)
         except BlockingIOError:
             continue
+        if not part:  # it exited
+            return False
+        got += part
         if any(len(w := line.split()) == 2 and float(w[1]) > t for line in got.split(b"\n")[:-1]):
             return True
     return False

@@ -40,7 +40,7 @@ from .in_order import InOrder
 from . import protocol as ms
 
 _connections = {}
-_connections_lock = threading.Lock()
+_connections_lock = threading.RLock()  # (a connection failing as it is made calls fail() under it)
 _WID_BASE = secrets.randbits(31) << 32  # this process's write ids: its own, with a sequence
 _wids = itertools.count(1)
 
@@ -86,17 +86,16 @@ class _Connection:
     """This process's connection to one memory server."""
 
     def __init__(self, addr, token, timeout):
-        from .. import _core
-        from ..nodes.where import iface_to
         host, port = netaddr.split(addr)
         self.addr, self.timeout, self.dead = addr, timeout, False
         self.token, self.ep = token, None
-        until = time.monotonic() + (timeout or 30)
+        until = time.monotonic() + (timeout or 30)  # the whole handshake's
         while True:  # closed before its answer: a flood of connections at the server pushed it out
             self._connect(host, port, until)
             # Both sides prove the token, each on the other's nonce, before this side sends its card
             # (a key to its pool): a stranger posing as the server learns nothing of use.
             try:
+                self.sock.settimeout(max(until - time.monotonic(), 0.1))
                 hello, mine = self._recv(), secrets.token_bytes(16)
                 ms.send_msg(self.sock, {"proof": ms.proof(token, bytes.fromhex(hello["nonce"])), "nonce": mine.hex()})
                 answer = self._answer()
@@ -107,6 +106,21 @@ class _Connection:
                     raise
                 self.dead = False
                 time.sleep(0.1)
+            except BaseException:
+                self.sock.close()
+                raise
+        try:
+            self._joined(host, mine, answer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _joined(self, host, mine, answer):
+        """The handshake's second half: the server's proof checked, then the cards swapped."""
+        from .. import _core
+        from ..nodes.where import iface_to
+        addr, token = self.addr, self.token
+        self.sock.settimeout(self.timeout or 30)
         self.ep = _core.Bridge(iface_to(host), 2 * ms.SLOT_BYTES, None, netaddr.family(host))
         given = answer.get("proof")
         if not isinstance(given, str) or not hmac.compare_digest(given, ms.proof(token, mine, "server")):
@@ -128,7 +142,7 @@ class _Connection:
     def _connect(self, host, port, until):
         while True:  # a server started beside the job (hbmcoll-run --memservers) may still be starting
             try:
-                self.sock = socket.create_connection((host, int(port)), timeout=self.timeout or 30)
+                self.sock = socket.create_connection((host, int(port)), timeout=max(until - time.monotonic(), 0.1))
                 return
             except ConnectionRefusedError as exc:
                 if time.monotonic() > until:

@@ -125,8 +125,9 @@ class Server:
             except OSError:  # none left; or out of descriptors: it waits in the backlog
                 return
             refused = [c for c in self.conns if c.state == CLOSING and c.client is None]
-            if len(refused) >= MAX_HANDSHAKES:  # a flood of bad hellos: their goodbyes hold no more
-                self._close(refused[0])
+            told = [c for c in refused if not c.outbox]  # their goodbye went out
+            if len(refused) >= MAX_HANDSHAKES and told:  # a flood of bad hellos: their goodbyes hold no more
+                self._close(min(told, key=lambda c: c.deadline))
             starting = [c for c in self.conns if c.state in (HELLO, PROVEN)]
             if len(starting) >= MAX_HANDSHAKES:
                 # one that proved the token is not pushed out; one pushed out is closed at once, so
